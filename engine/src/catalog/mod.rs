@@ -1,0 +1,282 @@
+//! A dataset: one or more published caches plus a line of numbered, immutable
+//! metadata snapshots. The newest snapshot is the active population.
+
+mod snapshot;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use arrow::array::{new_null_array, ArrayRef, Float64Array, Int64Array, RecordBatch};
+use arrow::compute::concat_batches;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+
+pub use snapshot::Snapshot;
+
+use crate::store::{fs, ipc, Cache};
+use crate::{Error, Result};
+
+/// Columns DatasetRT owns: source metadata may not use these keys.
+pub const RESERVED_COLUMNS: [&str; 3] = ["cache_id", "sample_id", "weight"];
+
+/// Name of the directory, inside a dataset root, that holds snapshots by default.
+pub const SNAPSHOTS_DIR: &str = "_snapshots";
+
+/// How a dataset is opened.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// Base directory for metadata snapshots; default `<root>/_snapshots`.
+    /// Each combination of caches gets its own subdirectory.
+    pub snapshot_dir: Option<PathBuf>,
+}
+
+/// Caches plus the active metadata snapshot.
+#[derive(Debug)]
+pub struct Dataset {
+    caches: Vec<Arc<Cache>>,
+    snapshot_dir: PathBuf,
+    active: RwLock<Arc<Snapshot>>,
+}
+
+/// Find the caches a path names: the path itself when it is a cache directory,
+/// else every published cache directly below it.
+fn discover(path: &Path) -> Result<Vec<PathBuf>> {
+    if !path.exists() {
+        return Err(Error::NotFound {
+            what: "dataset path",
+            path: path.to_path_buf(),
+        });
+    }
+    if Cache::is_cache_dir(path) {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(path).map_err(Error::io(path))? {
+        let entry = entry.map_err(Error::io(path))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(['.', '_']) {
+            continue; // staging directories and snapshots
+        }
+        if entry.path().is_dir() && Cache::is_cache_dir(&entry.path()) {
+            found.push(entry.path());
+        }
+    }
+    if found.is_empty() {
+        return Err(Error::NotFound {
+            what: "published cache (no MANIFEST in the path or its subdirectories)",
+            path: path.to_path_buf(),
+        });
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// FNV-1a, for a short stable name of a set of caches.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+impl Dataset {
+    /// Open the caches under `paths` (cache directories or roots holding
+    /// caches) and the newest metadata snapshot, creating snapshot 0 (every
+    /// stored sample, weight 1.0) when there is none yet.
+    pub fn open(paths: &[PathBuf], options: OpenOptions) -> Result<Dataset> {
+        if paths.is_empty() {
+            return Err(Error::invalid("open() needs at least one path"));
+        }
+        let mut by_id: BTreeMap<i64, Arc<Cache>> = BTreeMap::new();
+        for path in paths {
+            for dir in discover(path)? {
+                let cache = Cache::open(&dir)?;
+                if let Some(other) = by_id.get(&cache.id()) {
+                    let same = std::fs::canonicalize(other.dir()).ok() == std::fs::canonicalize(&dir).ok();
+                    if !same {
+                        return Err(Error::invalid(format!(
+                            "caches {} and {} have the same cache_id {}; one is a copy of the other",
+                            other.dir().display(),
+                            dir.display(),
+                            cache.id()
+                        )));
+                    }
+                    continue;
+                }
+                by_id.insert(cache.id(), Arc::new(cache));
+            }
+        }
+        let caches: Vec<Arc<Cache>> = by_id.into_values().collect();
+
+        let key: Vec<u8> = caches.iter().flat_map(|c| c.id().to_le_bytes()).collect();
+        let base = match options.snapshot_dir {
+            Some(dir) => dir,
+            None => caches[0]
+                .dir()
+                .parent()
+                .map(|p| p.join(SNAPSHOTS_DIR))
+                .unwrap_or_else(|| PathBuf::from(SNAPSHOTS_DIR)),
+        };
+        let snapshot_dir = base.join(format!("{:016x}", fnv1a(&key)));
+        std::fs::create_dir_all(&snapshot_dir).map_err(Error::io(&snapshot_dir))?;
+
+        let snapshot = match Self::list_in(&snapshot_dir)?.last() {
+            Some(&n) => Snapshot::open(&snapshot_dir, n)?,
+            None => {
+                let initial = initial_population(&caches)?;
+                publish(&snapshot_dir, &initial.schema(), &initial, 0)?
+            }
+        };
+        Ok(Dataset {
+            caches,
+            snapshot_dir,
+            active: RwLock::new(Arc::new(snapshot)),
+        })
+    }
+
+    fn list_in(dir: &Path) -> Result<Vec<u64>> {
+        let mut numbers = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(Error::io(dir))? {
+            let entry = entry.map_err(Error::io(dir))?;
+            if let Some(n) = Snapshot::parse_file_name(&entry.file_name().to_string_lossy()) {
+                numbers.push(n);
+            }
+        }
+        numbers.sort_unstable();
+        Ok(numbers)
+    }
+
+    /// The caches of this dataset, sorted by `cache_id`.
+    pub fn caches(&self) -> &[Arc<Cache>] {
+        &self.caches
+    }
+
+    /// Position of `cache_id` in [`Dataset::caches`].
+    pub fn cache_position(&self, cache_id: i64) -> Result<usize> {
+        self.caches.binary_search_by_key(&cache_id, |c| c.id()).map_err(|_| {
+            Error::invalid(format!(
+                "cache_id {cache_id} is not a cache of this dataset (known cache_ids: {:?})",
+                self.caches.iter().map(|c| c.id()).collect::<Vec<_>>()
+            ))
+        })
+    }
+
+    /// Where this dataset's snapshots live.
+    pub fn snapshot_dir(&self) -> &Path {
+        &self.snapshot_dir
+    }
+
+    /// Numbers of every snapshot on disk, oldest first.
+    pub fn snapshot_numbers(&self) -> Result<Vec<u64>> {
+        Self::list_in(&self.snapshot_dir)
+    }
+
+    /// The active population.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.active.read().expect("snapshot lock").clone()
+    }
+
+    /// Validate `batches` as the new population and publish it as the next
+    /// snapshot. A rejected update changes nothing.
+    pub fn update(&self, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Arc<Snapshot>> {
+        let batch = validate::validate_update(&self.caches, schema, batches)?;
+        let mut active = self.active.write().expect("snapshot lock");
+        let mut next = Self::list_in(&self.snapshot_dir)?.last().map_or(0, |n| n + 1);
+        let tmp = ipc::write_temp(
+            &self.snapshot_dir.join(Snapshot::file_name(next)),
+            &batch.schema(),
+            std::slice::from_ref(&batch),
+        )?;
+        // Another process may publish the same number first: take the next one.
+        loop {
+            let path = self.snapshot_dir.join(Snapshot::file_name(next));
+            let linked = std::fs::hard_link(&tmp, &path);
+            match linked {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => next += 1,
+                Err(e) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(Error::io(&path)(e));
+                }
+            }
+        }
+        let _ = std::fs::remove_file(&tmp);
+        fs::sync_dir(&self.snapshot_dir)?;
+        let snapshot = Arc::new(Snapshot::open(&self.snapshot_dir, next)?);
+        *active = snapshot.clone();
+        Ok(snapshot)
+    }
+
+    /// Make an existing snapshot the active population.
+    pub fn checkout(&self, number: u64) -> Result<Arc<Snapshot>> {
+        let snapshot = Arc::new(Snapshot::open(&self.snapshot_dir, number)?);
+        *self.active.write().expect("snapshot lock") = snapshot.clone();
+        Ok(snapshot)
+    }
+
+    /// Append the payload of `(cache_id, sample_id)` to `out`, checksum verified.
+    pub fn read_into(&self, cache_id: i64, sample_id: i64, out: &mut Vec<u8>) -> Result<()> {
+        let cache = &self.caches[self.cache_position(cache_id)?];
+        let sample = u64::try_from(sample_id)
+            .map_err(|_| Error::invalid(format!("sample_id {sample_id} is negative")))?;
+        cache.read_into(sample, out, true)
+    }
+}
+
+/// Write snapshot `number` unless it exists; return whichever is on disk.
+fn publish(dir: &Path, schema: &SchemaRef, batch: &RecordBatch, number: u64) -> Result<Snapshot> {
+    let path = dir.join(Snapshot::file_name(number));
+    let tmp = ipc::write_temp(&path, schema, std::slice::from_ref(batch))?;
+    fs::publish_no_replace(&tmp, &path)?;
+    Snapshot::open(dir, number)
+}
+
+/// Snapshot 0: every stored sample of every cache with weight 1.0. Columns
+/// missing from a cache are null there; a column with different types in two
+/// caches is an error naming both.
+fn initial_population(caches: &[Arc<Cache>]) -> Result<RecordBatch> {
+    let mut columns: Vec<(Field, String)> = Vec::new();
+    for cache in caches {
+        for field in cache.attributes().schema().fields().iter().skip(1) {
+            match columns.iter().find(|(f, _)| f.name() == field.name()) {
+                Some((seen, owner)) if seen.data_type() != field.data_type() => {
+                    return Err(Error::invalid(format!(
+                        "metadata column {:?} is {} in cache {owner:?} but {} in cache {:?}",
+                        field.name(),
+                        seen.data_type(),
+                        field.data_type(),
+                        cache.name()
+                    )))
+                }
+                Some(_) => {}
+                None => columns.push((field.as_ref().clone().with_nullable(true), cache.name().to_string())),
+            }
+        }
+    }
+    let mut fields = vec![
+        Field::new("cache_id", DataType::Int64, false),
+        Field::new("sample_id", DataType::Int64, false),
+    ];
+    fields.extend(columns.iter().map(|(f, _)| f.clone()));
+    fields.push(Field::new("weight", DataType::Float64, false));
+    let schema = Arc::new(Schema::new(fields));
+
+    let mut parts = Vec::with_capacity(caches.len());
+    for cache in caches {
+        let attrs = cache.attributes();
+        let n = attrs.num_rows();
+        let mut arrays: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(vec![cache.id(); n])),
+            attrs.column(0).clone(),
+        ];
+        for (field, _) in &columns {
+            arrays.push(match attrs.column_by_name(field.name()) {
+                Some(col) => col.clone(),
+                None => new_null_array(field.data_type(), n),
+            });
+        }
+        arrays.push(Arc::new(Float64Array::from(vec![1.0; n])));
+        parts.push(RecordBatch::try_new(schema.clone(), arrays)?);
+    }
+    Ok(concat_batches(&schema, &parts)?)
+}

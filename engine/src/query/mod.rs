@@ -1,0 +1,65 @@
+//! DataFusion over the training population: table `metadata` is the active
+//! snapshot, served zero-copy from its mapped file.
+
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use datafusion::datasource::MemTable;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use crate::catalog::Snapshot;
+use crate::Result;
+
+/// Rows per output batch. DataFusion's default (8,192) would cut results into
+/// many small chunks on their way to Python.
+pub const BATCH_SIZE: usize = 1 << 16;
+
+/// A SQL session bound to one dataset.
+pub struct QuerySession {
+    ctx: SessionContext,
+    partitions: usize,
+}
+
+impl QuerySession {
+    pub fn new(snapshot: &Snapshot) -> Result<Self> {
+        let partitions = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let config = SessionConfig::new()
+            .with_batch_size(BATCH_SIZE)
+            .with_target_partitions(partitions)
+            .with_information_schema(true);
+        let session = QuerySession {
+            ctx: SessionContext::new_with_config(config),
+            partitions,
+        };
+        session.set_snapshot(snapshot)?;
+        Ok(session)
+    }
+
+    /// Point table `metadata` at `snapshot`, split into one zero-copy slice per partition.
+    pub fn set_snapshot(&self, snapshot: &Snapshot) -> Result<()> {
+        let batch = snapshot.batch();
+        let rows = batch.num_rows();
+        let per = rows.div_ceil(self.partitions).max(1);
+        let parts: Vec<Vec<RecordBatch>> = (0..rows)
+            .step_by(per)
+            .map(|start| vec![batch.slice(start, per.min(rows - start))])
+            .collect();
+        let table = MemTable::try_new(snapshot.schema(), parts)?;
+        self.ctx.deregister_table("metadata")?;
+        self.ctx.register_table("metadata", Arc::new(table))?;
+        Ok(())
+    }
+
+    pub fn context(&self) -> &SessionContext {
+        &self.ctx
+    }
+
+    /// Run one SQL statement and collect its result.
+    pub async fn sql(&self, query: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+        let df = self.ctx.sql(query).await?;
+        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+        let batches = df.collect().await?;
+        Ok((schema, batches))
+    }
+}

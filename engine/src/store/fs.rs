@@ -1,0 +1,80 @@
+//! Small filesystem helpers for atomic publishing and read-only mapping.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use memmap2::Mmap;
+
+use crate::{Error, Result};
+
+/// fsync a directory so that renames and creations inside it are durable.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(Error::io(dir))
+}
+
+/// A name for a temporary sibling of `target`, unique across processes and threads.
+pub fn temp_sibling(target: &Path) -> PathBuf {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let name = target
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    target.with_file_name(format!(".tmp-{}-{n}-{name}", std::process::id()))
+}
+
+/// Write `bytes` to `path` through a temporary file, fsync, rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = temp_sibling(path);
+    let result = (|| {
+        let mut f = File::create(&tmp).map_err(Error::io(&tmp))?;
+        f.write_all(bytes).map_err(Error::io(&tmp))?;
+        f.sync_all().map_err(Error::io(&tmp))?;
+        fs::rename(&tmp, path).map_err(Error::io(path))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result?;
+    sync_dir(path.parent().unwrap_or(Path::new(".")))
+}
+
+/// Publish the complete, fsynced file `tmp` as `path` unless `path` already
+/// exists. Returns `false` (and removes `tmp`) when another writer won.
+pub fn publish_no_replace(tmp: &Path, path: &Path) -> Result<bool> {
+    let linked = fs::hard_link(tmp, path);
+    let _ = fs::remove_file(tmp);
+    match linked {
+        Ok(()) => {
+            sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(Error::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }),
+    }
+}
+
+/// Map a file read-only. `what` names the file in a not-found error.
+pub fn map_file(path: &Path, what: &'static str) -> Result<Mmap> {
+    let file = File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::NotFound {
+            what,
+            path: path.to_path_buf(),
+        },
+        _ => Error::Io {
+            path: path.to_path_buf(),
+            source: e,
+        },
+    })?;
+    // SAFETY: published files are immutable (written under a temporary name,
+    // fsynced, renamed; never rewritten in place), and lengths are checked
+    // against headers before any byte is trusted.
+    unsafe { Mmap::map(&file) }.map_err(Error::io(path))
+}

@@ -1,0 +1,100 @@
+//! Arrow IPC files: written atomically, read zero-copy from a read-only mmap.
+//!
+//! Every process that opens the same file maps the same pages, so the OS
+//! shares them (loader workers, ranks on one host).
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::buffer::Buffer;
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::convert::fb_to_schema;
+use arrow::ipc::reader::{read_footer_length, FileDecoder};
+use arrow::ipc::writer::FileWriter;
+use arrow::ipc::{root_as_footer, Block};
+
+use super::fs::{map_file, temp_sibling};
+use crate::{Error, Result};
+
+/// Write `batches` as an uncompressed Arrow IPC file at a temporary sibling
+/// of `path`, fsync it and return the temporary path (the caller publishes).
+pub fn write_temp(path: &Path, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<std::path::PathBuf> {
+    let tmp = temp_sibling(path);
+    let result = (|| {
+        let file = File::create(&tmp).map_err(Error::io(&tmp))?;
+        let mut writer = FileWriter::try_new(BufWriter::with_capacity(1 << 20, file), schema)?;
+        for batch in batches {
+            writer.write(batch)?;
+        }
+        writer.finish()?;
+        let file = writer
+            .into_inner()?
+            .into_inner()
+            .map_err(|e| Error::io(&tmp)(e.into_error()))?;
+        file.sync_all().map_err(Error::io(&tmp))
+    })();
+    match result {
+        Ok(()) => Ok(tmp),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Map an Arrow IPC file and decode its batches without copying the columns.
+pub fn read_mapped(path: &Path, what: &'static str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    let mmap = Arc::new(map_file(path, what)?);
+    let len = mmap.len();
+    let bad = |detail: String| Error::corrupt(path, detail);
+    if len < 10 {
+        return Err(bad(format!("Arrow IPC file is {len} bytes, too short")));
+    }
+    // SAFETY: the pointer and length describe the live mapping, which the
+    // buffer keeps alive through the `Arc` owner.
+    let buffer = unsafe {
+        Buffer::from_custom_allocation(
+            NonNull::new(mmap.as_ptr() as *mut u8).expect("mmap pointer is never null"),
+            len,
+            mmap.clone(),
+        )
+    };
+    let trailer: [u8; 10] = buffer[len - 10..].try_into().expect("10 bytes");
+    let footer_len = read_footer_length(trailer).map_err(|e| bad(e.to_string()))?;
+    if footer_len + 10 > len {
+        return Err(bad(format!("footer length {footer_len} exceeds file length {len}")));
+    }
+    let footer = root_as_footer(&buffer[len - 10 - footer_len..len - 10])
+        .map_err(|e| bad(format!("unreadable footer: {e}")))?;
+    let schema = Arc::new(fb_to_schema(
+        footer.schema().ok_or_else(|| bad("footer has no schema".into()))?,
+    ));
+    let mut decoder = FileDecoder::new(schema.clone(), footer.version());
+    let block_slice = |block: &Block| -> Result<Buffer> {
+        let start = usize::try_from(block.offset()).map_err(|_| bad("negative block offset".into()))?;
+        let size = block.metaDataLength() as usize + block.bodyLength() as usize;
+        if start.checked_add(size).is_none_or(|end| end > len) {
+            return Err(bad(format!("block at {start}+{size} runs past the end ({len} bytes)")));
+        }
+        Ok(buffer.slice_with_length(start, size))
+    };
+    for block in footer.dictionaries().iter().flatten() {
+        decoder
+            .read_dictionary(block, &block_slice(block)?)
+            .map_err(|e| bad(e.to_string()))?;
+    }
+    let mut batches = Vec::new();
+    for block in footer.recordBatches().iter().flatten() {
+        if let Some(batch) = decoder
+            .read_record_batch(block, &block_slice(block)?)
+            .map_err(|e| bad(e.to_string()))?
+        {
+            batches.push(batch);
+        }
+    }
+    Ok((schema, batches))
+}

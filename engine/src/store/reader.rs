@@ -1,0 +1,208 @@
+//! An opened, published cache: manifest checked, index and shards mapped.
+
+use std::path::{Path, PathBuf};
+
+use arrow::array::RecordBatch;
+use arrow::compute::concat_batches;
+use memmap2::Mmap;
+
+use super::codec::decompress_into;
+use super::format::{
+    check_index, check_shard_header, shard_file_name, IndexEntry, ATTRIBUTES_FILE, INDEX_ENTRY_LEN,
+    INDEX_FILE, INDEX_HEADER_LEN, MANIFEST_FILE,
+};
+use super::fs::map_file;
+use super::ipc;
+use super::manifest::Manifest;
+use crate::{Error, Result};
+
+/// A published cache, opened read-only. Cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct Cache {
+    dir: PathBuf,
+    manifest: Manifest,
+    index_path: PathBuf,
+    index: Mmap,
+    shards: Vec<(PathBuf, Mmap)>,
+    attributes: RecordBatch,
+}
+
+impl Cache {
+    /// Is `dir` a published cache (has a manifest)?
+    pub fn is_cache_dir(dir: &Path) -> bool {
+        dir.join(MANIFEST_FILE).is_file()
+    }
+
+    /// Open and check a published cache: manifest checksum and version, index
+    /// header, length and checksum, every shard's length and header, and the
+    /// attributes file's checksum. Record bytes are checked on each read.
+    pub fn open(dir: &Path) -> Result<Cache> {
+        if !dir.is_dir() {
+            return Err(Error::NotFound {
+                what: "cache directory",
+                path: dir.to_path_buf(),
+            });
+        }
+        let manifest_path = dir.join(MANIFEST_FILE);
+        let text = std::fs::read(&manifest_path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::NotFound {
+                what: "cache manifest",
+                path: manifest_path.clone(),
+            },
+            _ => Error::io(&manifest_path)(e),
+        })?;
+        let manifest = Manifest::decode(&manifest_path, &text)?;
+
+        let index_path = dir.join(INDEX_FILE);
+        let index = map_file(&index_path, "cache index")?;
+        let count = check_index(&index_path, &index)?;
+        if count != manifest.records {
+            return Err(Error::corrupt(
+                &index_path,
+                format!("index has {count} records, manifest says {}", manifest.records),
+            ));
+        }
+        let index_crc = u32::from_le_bytes(index[24..28].try_into().expect("4 bytes"));
+        if index_crc != manifest.index_crc32c {
+            return Err(Error::corrupt(&index_path, "index checksum differs from the manifest's"));
+        }
+
+        let mut shards = Vec::with_capacity(manifest.shard_bytes.len());
+        for (i, &expected) in manifest.shard_bytes.iter().enumerate() {
+            let path = dir.join(shard_file_name(i as u32));
+            let map = map_file(&path, "payload shard")?;
+            if map.len() as u64 != expected {
+                return Err(Error::corrupt(
+                    &path,
+                    format!(
+                        "shard {i} is {} bytes, manifest says {expected} (truncated or overwritten)",
+                        map.len()
+                    ),
+                ));
+            }
+            check_shard_header(&path, &map, i as u32)?;
+            shards.push((path, map));
+        }
+
+        let attributes_path = dir.join(ATTRIBUTES_FILE);
+        {
+            let raw = map_file(&attributes_path, "cache attributes")?;
+            if raw.len() as u64 != manifest.attributes_bytes {
+                return Err(Error::corrupt(
+                    &attributes_path,
+                    format!("{} bytes, manifest says {}", raw.len(), manifest.attributes_bytes),
+                ));
+            }
+            if crc32c::crc32c(&raw) != manifest.attributes_crc32c {
+                return Err(Error::corrupt(&attributes_path, "attributes checksum mismatch"));
+            }
+        }
+        let (schema, batches) = ipc::read_mapped(&attributes_path, "cache attributes")?;
+        let attributes = if batches.len() == 1 {
+            batches.into_iter().next().expect("one batch")
+        } else {
+            concat_batches(&schema, &batches)?
+        };
+        if attributes.num_rows() as u64 != manifest.records
+            || schema.fields().first().map(|f| f.name().as_str()) != Some("sample_id")
+        {
+            return Err(Error::corrupt(
+                &attributes_path,
+                format!(
+                    "expected {} rows led by a sample_id column, found {} rows",
+                    manifest.records,
+                    attributes.num_rows()
+                ),
+            ));
+        }
+        Ok(Cache {
+            dir: dir.to_path_buf(),
+            manifest,
+            index_path,
+            index,
+            shards,
+            attributes,
+        })
+    }
+
+    pub fn id(&self) -> i64 {
+        self.manifest.cache_id
+    }
+
+    pub fn name(&self) -> &str {
+        &self.manifest.name
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn records(&self) -> u64 {
+        self.manifest.records
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Stored attributes: `sample_id` then the source's metadata columns.
+    pub fn attributes(&self) -> &RecordBatch {
+        &self.attributes
+    }
+
+    /// The index entry of one record, read in place from the mapped index.
+    pub fn entry(&self, sample_id: u64) -> Result<IndexEntry> {
+        if sample_id >= self.manifest.records {
+            return Err(Error::invalid(format!(
+                "sample_id {sample_id} is out of range for cache {:?} (cache_id {}, {} samples)",
+                self.manifest.name, self.manifest.cache_id, self.manifest.records
+            )));
+        }
+        let at = INDEX_HEADER_LEN + sample_id as usize * INDEX_ENTRY_LEN;
+        IndexEntry::decode(&self.index[at..at + INDEX_ENTRY_LEN]).map_err(|detail| {
+            Error::corrupt(&self.index_path, format!("entry of sample {sample_id} at offset {at}: {detail}"))
+        })
+    }
+
+    /// Append the decoded bytes of record `sample_id` to `out`, verifying its
+    /// checksum first when `verify` is set.
+    pub fn read_into(&self, sample_id: u64, out: &mut Vec<u8>, verify: bool) -> Result<()> {
+        let e = self.entry(sample_id)?;
+        let (path, shard) = self.shards.get(e.shard as usize).ok_or_else(|| {
+            Error::corrupt(
+                &self.index_path,
+                format!("sample {sample_id} points at shard {} of {}", e.shard, self.shards.len()),
+            )
+        })?;
+        let start = e.offset as usize;
+        let end = start.checked_add(e.stored_len as usize).unwrap_or(usize::MAX);
+        if start < super::format::SHARD_HEADER_LEN || end > shard.len() {
+            return Err(Error::corrupt(
+                path,
+                format!(
+                    "sample {sample_id} at shard {} offset {start}: {} bytes run past the end ({} bytes)",
+                    e.shard,
+                    e.stored_len,
+                    shard.len()
+                ),
+            ));
+        }
+        let stored = &shard[start..end];
+        if verify {
+            let actual = crc32c::crc32c(stored);
+            if actual != e.checksum {
+                return Err(Error::corrupt(
+                    path,
+                    format!(
+                        "sample {sample_id} at shard {} offset {start}: checksum mismatch \
+                         (stored crc32c {:08x}, computed {actual:08x})",
+                        e.shard, e.checksum
+                    ),
+                ));
+            }
+        }
+        decompress_into(e.codec, stored, e.raw_len as usize, out).map_err(|detail| {
+            Error::corrupt(path, format!("sample {sample_id} at shard {} offset {start}: {detail}", e.shard))
+        })
+    }
+}

@@ -1,0 +1,402 @@
+//! Writing one cache: compression and checksums on native threads, records
+//! appended to shards in input order, then an atomic publish.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use arrow::array::{ArrayRef, Int64Array, RecordBatch, RecordBatchOptions};
+use arrow::datatypes::{DataType, Field, Schema};
+
+use super::codec::{Codec, Compressor};
+use super::format::{
+    encode_index_header, encode_shard_header, shard_file_name, IndexEntry, ATTRIBUTES_FILE,
+    INDEX_FILE, MANIFEST_FILE, SHARD_HEADER_LEN,
+};
+use super::fs::{sync_dir, temp_sibling, write_atomic};
+use super::manifest::Manifest;
+use super::{ipc, validate_source_name};
+use crate::catalog::RESERVED_COLUMNS;
+use crate::{Error, Result};
+
+/// How a cache is written.
+#[derive(Debug, Clone)]
+pub struct WriterOptions {
+    pub codec: Codec,
+    /// zstd level (ignored by other codecs).
+    pub level: i32,
+    /// A new shard starts once the current one reaches this many bytes.
+    pub shard_target_bytes: u64,
+    /// Native threads that compress and checksum.
+    pub threads: usize,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            codec: Codec::Zstd,
+            level: 3,
+            shard_target_bytes: 256 << 20,
+            threads: std::thread::available_parallelism()
+                .map(|n| n.get().min(4))
+                .unwrap_or(2),
+        }
+    }
+}
+
+struct Chunk {
+    id: u64,
+    data: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+struct Encoded {
+    id: u64,
+    bytes: Vec<u8>,
+    /// (stored_len, raw_len, crc32c, codec) per record
+    records: Vec<(u32, u32, u32, Codec)>,
+}
+
+struct SinkOutput {
+    entries: Vec<IndexEntry>,
+    shard_bytes: Vec<u64>,
+}
+
+/// Writes one source's records into a staging directory and publishes it.
+///
+/// Dropping a writer without [`CacheWriter::finish`] removes the staging
+/// directory: nothing becomes visible.
+pub struct CacheWriter {
+    root: PathBuf,
+    name: String,
+    staging: PathBuf,
+    codec: Codec,
+    jobs: Option<SyncSender<Chunk>>,
+    compressors: Vec<JoinHandle<()>>,
+    sink: Option<JoinHandle<Result<SinkOutput>>>,
+    next_chunk: u64,
+    records: u64,
+}
+
+impl CacheWriter {
+    /// Start writing source `name` under `root`. Fails if a cache of that name
+    /// is already published there.
+    pub fn create(root: &Path, name: &str, options: WriterOptions) -> Result<Self> {
+        validate_source_name(name)?;
+        if options.shard_target_bytes == 0 {
+            return Err(Error::invalid("shard_target_bytes must be positive"));
+        }
+        let final_dir = root.join(name);
+        if final_dir.exists() {
+            return Err(Error::invalid(format!(
+                "a cache named {name:?} already exists at {}",
+                final_dir.display()
+            )));
+        }
+        fs::create_dir_all(root).map_err(Error::io(root))?;
+        let staging = temp_sibling(&root.join(format!("staging-{name}")));
+        fs::create_dir(&staging).map_err(Error::io(&staging))?;
+
+        let threads = options.threads.max(1);
+        let (job_tx, job_rx) = mpsc::sync_channel::<Chunk>(threads * 2);
+        let (out_tx, out_rx) = mpsc::sync_channel::<Encoded>(threads * 2);
+        let job_rx = Arc::new(Mutex::new(job_rx));
+        let mut compressors = Vec::with_capacity(threads);
+        for _ in 0..threads {
+            let mut compressor = Compressor::new(options.codec, options.level)?;
+            let rx = job_rx.clone();
+            let tx = out_tx.clone();
+            compressors.push(std::thread::spawn(move || loop {
+                let job = match rx.lock().expect("job queue lock").recv() {
+                    Ok(job) => job,
+                    Err(_) => return,
+                };
+                if tx.send(encode_chunk(&mut compressor, job)).is_err() {
+                    return;
+                }
+            }));
+        }
+        drop(out_tx);
+        let sink_dir = staging.clone();
+        let target = options.shard_target_bytes;
+        let sink = std::thread::spawn(move || run_sink(&sink_dir, target, out_rx));
+        Ok(CacheWriter {
+            root: root.to_path_buf(),
+            name: name.to_string(),
+            staging,
+            codec: options.codec,
+            jobs: Some(job_tx),
+            compressors,
+            sink: Some(sink),
+            next_chunk: 0,
+            records: 0,
+        })
+    }
+
+    /// Number of records accepted so far.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Queue records, given as one contiguous buffer and the end offset of
+    /// each record. Blocks while the pipeline is full (bounded memory).
+    pub fn add_chunk(&mut self, data: Vec<u8>, ends: Vec<usize>) -> Result<()> {
+        let mut start = 0;
+        for (i, &end) in ends.iter().enumerate() {
+            if end < start || end > data.len() {
+                return Err(Error::invalid(format!("record end offset {end} out of order")));
+            }
+            if end - start > u32::MAX as usize {
+                return Err(Error::invalid(format!(
+                    "record {} of source {:?} is {} bytes; records are limited to 4 GiB",
+                    self.records + i as u64,
+                    self.name,
+                    end - start
+                )));
+            }
+            start = end;
+        }
+        let n = ends.len() as u64;
+        let chunk = Chunk {
+            id: self.next_chunk,
+            data,
+            ends,
+        };
+        let sent = self.jobs.as_ref().map(|tx| tx.send(chunk).is_ok()).unwrap_or(false);
+        if !sent {
+            return Err(self.pipeline_error());
+        }
+        self.next_chunk += 1;
+        self.records += n;
+        Ok(())
+    }
+
+    /// The error that stopped the pipeline, once it has stopped.
+    fn pipeline_error(&mut self) -> Error {
+        match self.drain() {
+            Err(e) => e,
+            Ok(_) => Error::invalid("cache writer is closed"),
+        }
+    }
+
+    fn drain(&mut self) -> Result<SinkOutput> {
+        self.jobs = None;
+        for handle in self.compressors.drain(..) {
+            let _ = handle.join();
+        }
+        match self.sink.take() {
+            Some(handle) => handle
+                .join()
+                .unwrap_or_else(|_| Err(Error::invalid("cache writer thread panicked"))),
+            None => Err(Error::invalid("cache writer is closed")),
+        }
+    }
+
+    /// Write index, attributes and manifest, then publish atomically.
+    /// `attributes` holds one row per record, in input order, without the
+    /// reserved columns. Returns the published manifest and directory.
+    pub fn finish(mut self, attributes: RecordBatch) -> Result<(Manifest, PathBuf)> {
+        let name = self.name.clone();
+        if self.records == 0 {
+            return Err(Error::invalid(format!("source {name:?} yielded no samples")));
+        }
+        if attributes.num_columns() > 0 && attributes.num_rows() as u64 != self.records {
+            return Err(Error::invalid(format!(
+                "source {name:?}: {} attribute rows for {} records",
+                attributes.num_rows(),
+                self.records
+            )));
+        }
+        for field in attributes.schema().fields() {
+            if RESERVED_COLUMNS.contains(&field.name().as_str()) {
+                return Err(Error::invalid(format!(
+                    "source {name:?}: metadata key {:?} is reserved (cache_id, sample_id and weight are set by DatasetRT)",
+                    field.name()
+                )));
+            }
+        }
+        let out = self.drain()?;
+        let staging = self.staging.clone();
+
+        // index
+        let mut body = Vec::with_capacity(out.entries.len() * 32);
+        for e in &out.entries {
+            body.extend_from_slice(&e.encode());
+        }
+        let index_crc32c = crc32c::crc32c(&body);
+        let mut index = encode_index_header(out.entries.len() as u64, index_crc32c).to_vec();
+        index.extend_from_slice(&body);
+        write_atomic(&staging.join(INDEX_FILE), &index)?;
+
+        // attributes, with sample_id first
+        let n = self.records as usize;
+        let mut fields: Vec<Arc<Field>> = vec![Arc::new(Field::new("sample_id", DataType::Int64, false))];
+        let mut columns: Vec<ArrayRef> = vec![Arc::new(Int64Array::from_iter_values(0..n as i64))];
+        fields.extend(attributes.schema().fields().iter().cloned());
+        columns.extend(attributes.columns().iter().cloned());
+        let schema = Arc::new(Schema::new(fields));
+        let batch = RecordBatch::try_new_with_options(
+            schema.clone(),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(n)),
+        )?;
+        let attributes_path = staging.join(ATTRIBUTES_FILE);
+        let tmp = ipc::write_temp(&attributes_path, &schema, &[batch])?;
+        fs::rename(&tmp, &attributes_path).map_err(Error::io(&attributes_path))?;
+        let attributes_bytes = fs::read(&attributes_path).map_err(Error::io(&attributes_path))?;
+
+        let manifest = Manifest {
+            name: name.clone(),
+            cache_id: new_cache_id(&name),
+            records: self.records,
+            codec: self.codec,
+            shard_bytes: out.shard_bytes,
+            index_crc32c,
+            attributes_bytes: attributes_bytes.len() as u64,
+            attributes_crc32c: crc32c::crc32c(&attributes_bytes),
+            created_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+        };
+        write_atomic(&staging.join(MANIFEST_FILE), manifest.encode().as_bytes())?;
+        sync_dir(&staging)?;
+
+        let final_dir = self.root.join(&name);
+        if final_dir.exists() {
+            return Err(Error::invalid(format!(
+                "a cache named {name:?} was published at {} while this one was being written",
+                final_dir.display()
+            )));
+        }
+        fs::rename(&staging, &final_dir).map_err(Error::io(&final_dir))?;
+        sync_dir(&self.root)?;
+        Ok((manifest, final_dir))
+    }
+}
+
+impl Drop for CacheWriter {
+    fn drop(&mut self) {
+        if self.jobs.is_some() || self.sink.is_some() {
+            let _ = self.drain();
+        }
+        // After a successful finish the staging directory has been renamed away.
+        let _ = fs::remove_dir_all(&self.staging);
+    }
+}
+
+fn new_cache_id(name: &str) -> i64 {
+    use std::hash::BuildHasher;
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let h = std::collections::hash_map::RandomState::new().hash_one((name, nanos, std::process::id()));
+    // 53 bits: exact in float64 and JSON, positive in every integer type.
+    (h >> 11) as i64
+}
+
+fn encode_chunk(compressor: &mut Compressor, chunk: Chunk) -> Encoded {
+    let mut bytes = Vec::with_capacity(chunk.data.len() / 2);
+    let mut records = Vec::with_capacity(chunk.ends.len());
+    let mut start = 0;
+    for &end in &chunk.ends {
+        let raw = &chunk.data[start..end];
+        let before = bytes.len();
+        let codec = compressor.compress_into(raw, &mut bytes);
+        let stored = &bytes[before..];
+        records.push((stored.len() as u32, raw.len() as u32, crc32c::crc32c(stored), codec));
+        start = end;
+    }
+    Encoded {
+        id: chunk.id,
+        bytes,
+        records,
+    }
+}
+
+struct ShardSink {
+    dir: PathBuf,
+    target: u64,
+    current: Option<(u32, BufWriter<File>, PathBuf)>,
+    current_len: u64,
+    shard_bytes: Vec<u64>,
+}
+
+impl ShardSink {
+    fn close_current(&mut self) -> Result<()> {
+        if let Some((_, writer, path)) = self.current.take() {
+            let file = writer.into_inner().map_err(|e| Error::io(&path)(e.into_error()))?;
+            file.sync_all().map_err(Error::io(&path))?;
+            self.shard_bytes.push(self.current_len);
+        }
+        Ok(())
+    }
+
+    fn append(&mut self, bytes: &[u8]) -> Result<(u32, u64)> {
+        let len = bytes.len() as u64;
+        let full = self.current.is_some()
+            && self.current_len > SHARD_HEADER_LEN as u64
+            && self.current_len + len > self.target;
+        if full {
+            self.close_current()?;
+        }
+        if self.current.is_none() {
+            let shard = self.shard_bytes.len() as u32;
+            let path = self.dir.join(shard_file_name(shard));
+            let file = File::create(&path).map_err(Error::io(&path))?;
+            let mut w = BufWriter::with_capacity(1 << 20, file);
+            w.write_all(&encode_shard_header(shard)).map_err(Error::io(&path))?;
+            self.current = Some((shard, w, path));
+            self.current_len = SHARD_HEADER_LEN as u64;
+        }
+        let (shard, w, path) = self.current.as_mut().expect("shard open");
+        let offset = self.current_len;
+        w.write_all(bytes).map_err(Error::io(&*path))?;
+        self.current_len += len;
+        Ok((*shard, offset))
+    }
+}
+
+fn run_sink(dir: &Path, target: u64, results: Receiver<Encoded>) -> Result<SinkOutput> {
+    let mut sink = ShardSink {
+        dir: dir.to_path_buf(),
+        target,
+        current: None,
+        current_len: 0,
+        shard_bytes: Vec::new(),
+    };
+    let mut entries = Vec::new();
+    let mut pending: BTreeMap<u64, Encoded> = BTreeMap::new();
+    let mut next = 0u64;
+    for encoded in results {
+        pending.insert(encoded.id, encoded);
+        while let Some(chunk) = pending.remove(&next) {
+            let mut start = 0usize;
+            for &(stored_len, raw_len, checksum, codec) in &chunk.records {
+                let end = start + stored_len as usize;
+                let (shard, offset) = sink.append(&chunk.bytes[start..end])?;
+                entries.push(IndexEntry {
+                    offset,
+                    shard,
+                    stored_len,
+                    raw_len,
+                    checksum,
+                    codec,
+                });
+                start = end;
+            }
+            next += 1;
+        }
+    }
+    sink.close_current()?;
+    Ok(SinkOutput {
+        entries,
+        shard_bytes: sink.shard_bytes,
+    })
+}

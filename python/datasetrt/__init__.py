@@ -1,0 +1,100 @@
+"""DatasetRT: cache preprocessed ML samples once; choose, reweight and read them
+with SQL or Polars without rewriting the payload bytes.
+
+>>> import datasetrt as drt, tempfile, pickle
+>>> class Squares:
+...     name = "squares-v1"
+...     def __iter__(self):
+...         for i in range(10):
+...             yield drt.CacheInput(pickle.dumps(i * i), {"label": i % 2})
+>>> ds = drt.build(tempfile.mkdtemp(), [Squares()], progress=False)
+>>> ds.sql("SELECT label, count(*) AS n FROM metadata GROUP BY label ORDER BY label").rows()
+[(0, 5), (1, 5)]
+>>> import polars as pl
+>>> ds.update_metadata(ds.get_metadata().filter(pl.col("label") == 1))
+1
+>>> {pickle.loads(s.data) for s in ds.iter(seed=7)} <= {1, 9, 25, 49, 81}
+True
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import exceptions
+from ._build import CacheInput, check_names, write_source
+from ._native import __version__
+from .dataset import Dataset, PathLike, Sample
+from .exceptions import (
+    CacheNotFoundError,
+    CorruptCacheError,
+    DatasetRTError,
+    InvalidInputError,
+    QueryError,
+    StorageError,
+    UnsupportedFormatError,
+)
+
+__all__ = [
+    "CacheInput",
+    "CacheNotFoundError",
+    "CorruptCacheError",
+    "Dataset",
+    "DatasetRTError",
+    "InvalidInputError",
+    "QueryError",
+    "Sample",
+    "StorageError",
+    "UnsupportedFormatError",
+    "__version__",
+    "build",
+    "exceptions",
+    "open",
+]
+
+
+def build(
+    root: PathLike,
+    sources: Sequence[Any],
+    *,
+    codec: str = "zstd",
+    level: int = 3,
+    shard_bytes: int = 256 << 20,
+    threads: int | None = None,
+    snapshot_dir: PathLike | None = None,
+    progress: bool = True,
+) -> Dataset:
+    """Cache each source under ``root/<source.name>`` and open them as one dataset.
+
+    A source is any object with a string ``name`` that iterates over
+    :class:`CacheInput` (or ``(bytes, dict)`` pairs). A source whose name is
+    already published under ``root`` is reused without iterating it: **a
+    changed preprocessing needs a new source name (e.g. ``digits-v2``) or a
+    new root.** Payloads are compressed with ``codec`` ("zstd", "lz4" or
+    "none") on native threads while Python iterates; each cache is published
+    atomically (a crash leaves the whole cache or nothing).
+    """
+    sources = list(sources)
+    if not sources:
+        raise InvalidInputError("build() needs at least one source")
+    names = check_names(sources)
+    root = Path(root)
+    for name, source in zip(names, sources):
+        if not (root / name / "MANIFEST").is_file():
+            write_source(root, name, source, codec=codec, level=level, shard_bytes=shard_bytes,
+                         threads=threads, progress=progress)
+    return Dataset([root / name for name in names], snapshot_dir=snapshot_dir)
+
+
+def open(paths: PathLike | Sequence[PathLike], *, snapshot_dir: PathLike | None = None) -> Dataset:  # noqa: A001
+    """Open a dataset: a root holding caches, one cache directory, or a list of either.
+
+    The order of the paths does not matter: ``cache_id`` values are stored
+    in the caches. The newest metadata snapshot becomes the active population.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    return Dataset(list(paths), snapshot_dir=snapshot_dir)

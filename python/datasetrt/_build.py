@@ -1,0 +1,231 @@
+"""Writing caches from Python sources (see :func:`datasetrt.build`)."""
+
+from __future__ import annotations
+
+import numbers
+import os
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import polars as pl
+
+from . import _native
+from .exceptions import InvalidInputError
+
+RESERVED = ("cache_id", "sample_id", "weight")
+CHUNK_RECORDS = 4096
+CHUNK_BYTES = 16 << 20
+
+
+class CacheInput(NamedTuple):
+    """One sample of a source: its payload bytes and a flat metadata dict.
+
+    A plain ``(bytes, dict)`` tuple is accepted wherever a ``CacheInput`` is.
+
+    >>> CacheInput(b"payload", {"label": 3}).metadata["label"]
+    3
+    """
+
+    data: bytes
+    metadata: dict[str, Any] = {}
+
+
+_DTYPES = {"bool": pl.Boolean, "int": pl.Int64, "float": pl.Float64, "str": pl.String,
+           "bytes": pl.Binary}
+
+
+def _kind(t: type) -> str | None:
+    if t is bool or t.__name__ == "bool_":
+        return "bool"
+    if issubclass(t, numbers.Integral):
+        return "int"
+    if issubclass(t, numbers.Real):
+        return "float"
+    if issubclass(t, str):
+        return "str"
+    if issubclass(t, bytes):
+        return "bytes"
+    return None
+
+
+def _column(source: str, key: str, values: list[Any]) -> pl.Series:
+    """One metadata column, checked: one kind of value per key (None allowed)."""
+    kinds = {t: _kind(t) for t in set(map(type, values)) if t is not type(None)}
+    unsupported = [t for t, k in kinds.items() if k is None]
+    if unsupported:
+        t = unsupported[0]
+        i = next(i for i, v in enumerate(values) if type(v) is t)
+        raise InvalidInputError(
+            f"source {source!r}: record {i}: metadata key {key!r} has a value of type "
+            f"{t.__name__}; supported types are bool, int, float, str and bytes"
+        )
+    distinct = set(kinds.values())
+    if len(distinct) > 1:
+        first = next(v for v in values if v is not None)
+        k0 = _kind(type(first))
+        i0 = values.index(first)
+        i = next(i for i, v in enumerate(values) if v is not None and _kind(type(v)) != k0)
+        raise InvalidInputError(
+            f"source {source!r}: metadata key {key!r} is {type(first).__name__} in record {i0} "
+            f"but {type(values[i]).__name__} in record {i}; a key must have one type in a source"
+        )
+    if not distinct:
+        return pl.Series(key, values, dtype=pl.Null)
+    kind = distinct.pop()
+    if any(t not in (bool, int, float, str, bytes) for t in kinds):
+        cast = {"bool": bool, "int": int, "float": float, "str": str, "bytes": bytes}[kind]
+        values = [None if v is None else cast(v) for v in values]
+    return pl.Series(key, values, dtype=_DTYPES[kind], strict=True)
+
+
+class _Progress:
+    """tqdm when it is installed, else a line on stderr every few seconds."""
+
+    def __init__(self, name: str, total: int | None, enabled: bool):
+        self.bar = None
+        self.count = 0
+        self.enabled = enabled
+        self.name = name
+        self.last = time.monotonic()
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(total=total, desc=f"caching {name}", unit=" samples")
+            except ImportError:
+                pass
+
+    def update(self, n: int) -> None:
+        self.count += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif self.enabled and time.monotonic() - self.last > 2.0:
+            self.last = time.monotonic()
+            print(f"caching {self.name}: {self.count} samples", file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def source_name(source: object) -> str:
+    name = getattr(source, "name", None)
+    if not isinstance(name, str):
+        raise InvalidInputError(
+            f"a source needs a string attribute `name` (got {type(source).__name__} "
+            f"with name={name!r}); the name decides cache reuse"
+        )
+    return name
+
+
+def write_source(
+    root: Path,
+    name: str,
+    source: Iterable[Any],
+    *,
+    codec: str,
+    level: int,
+    shard_bytes: int,
+    threads: int | None,
+    progress: bool,
+) -> dict[str, Any]:
+    """Iterate `source` once and publish it as cache `root/name`."""
+    writer = _native.CacheWriter(
+        os.fspath(root), name, codec=codec, level=level, shard_bytes=shard_bytes, threads=threads
+    )
+    total = len(source) if hasattr(source, "__len__") else None  # type: ignore[arg-type]
+    bar = _Progress(name, total, progress)
+    try:
+        keys: list[str] | None = None
+        keyset: Any = None
+        columns: dict[str, list[Any]] = {}
+        datas: list[bytes] = []
+        metas: list[dict[str, Any]] = []
+        pending = 0
+        n = 0
+
+        def flush() -> None:
+            nonlocal pending
+            for k in columns:
+                columns[k].extend([m[k] for m in metas])
+            writer.add(datas)
+            bar.update(len(datas))
+            datas.clear()
+            metas.clear()
+            pending = 0
+
+        for item in source:
+            try:
+                data, meta = item
+            except (TypeError, ValueError):
+                raise InvalidInputError(
+                    f"source {name!r}: record {n} is a {type(item).__name__}; expected "
+                    f"CacheInput(data, metadata) or a (bytes, dict) pair"
+                ) from None
+            if type(data) is not bytes:
+                if isinstance(data, (bytearray, memoryview)):
+                    data = bytes(data)
+                else:
+                    raise InvalidInputError(
+                        f"source {name!r}: record {n}: data is {type(data).__name__}; expected "
+                        f"bytes, bytearray or memoryview (serialize it first, e.g. pickle.dumps)"
+                    )
+            if meta is None:
+                meta = {}
+            elif type(meta) is not dict:
+                if not isinstance(meta, dict):
+                    raise InvalidInputError(
+                        f"source {name!r}: record {n}: metadata is {type(meta).__name__}, "
+                        f"expected a dict"
+                    )
+            if keys is None:
+                keys = list(meta)
+                for k in keys:
+                    if not isinstance(k, str):
+                        raise InvalidInputError(
+                            f"source {name!r}: metadata key {k!r} is not a string"
+                        )
+                    if k in RESERVED:
+                        raise InvalidInputError(
+                            f"source {name!r}: metadata key {k!r} is reserved (cache_id, "
+                            f"sample_id and weight are set by DatasetRT)"
+                        )
+                keyset = meta.keys()
+                columns = {k: [] for k in keys}
+            elif meta.keys() != keyset:
+                raise InvalidInputError(
+                    f"source {name!r}: record {n} has metadata keys {sorted(meta)}, but record 0 "
+                    f"has {sorted(keys)}; every record of a source needs the same keys"
+                )
+            datas.append(data)
+            metas.append(meta)
+            pending += len(data)
+            n += 1
+            if len(datas) >= CHUNK_RECORDS or pending >= CHUNK_BYTES:
+                flush()
+        if datas:
+            flush()
+        if n == 0:
+            raise InvalidInputError(f"source {name!r} yielded no samples")
+        # With no metadata keys the frame has no columns; the engine takes that as "none".
+        return writer.finish(pl.DataFrame([_column(name, k, v) for k, v in columns.items()]))
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        bar.close()
+
+
+def check_names(sources: Sequence[Any]) -> list[str]:
+    names = [source_name(s) for s in sources]
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise InvalidInputError(
+                f"two sources are named {name!r}; each source needs its own name"
+            )
+        seen.add(name)
+    return names

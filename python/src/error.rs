@@ -1,0 +1,52 @@
+//! Engine errors become the Python exceptions of `datasetrt.exceptions`.
+//! The classes live in Python so that they can inherit from both
+//! `DatasetRTError` and the matching builtin (`ValueError`, ...).
+
+use datasetrt::Error;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
+
+static EXCEPTIONS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+fn class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>> {
+    let module = EXCEPTIONS.get_or_try_init(py, || {
+        py.import("datasetrt.exceptions").map(|m| m.unbind())
+    })?;
+    Ok(module.bind(py).getattr(name)?.cast_into::<PyType>()?)
+}
+
+/// Convert an engine error into the matching Python exception.
+pub fn to_py(err: Error) -> PyErr {
+    let name = match &err {
+        Error::InvalidInput(_) => "InvalidInputError",
+        Error::NotFound { .. } => "CacheNotFoundError",
+        Error::Corrupt { .. } => "CorruptCacheError",
+        Error::UnsupportedVersion { .. } => "UnsupportedFormatError",
+        Error::Io { .. } => "StorageError",
+        Error::DataFusion(_) => "QueryError",
+        Error::Arrow(_) => "DatasetRTError",
+    };
+    let message = err.to_string();
+    Python::attach(|py| match class(py, name) {
+        Ok(ty) => PyErr::from_type(ty, message),
+        Err(e) => PyRuntimeError::new_err(format!("{message} (and datasetrt.exceptions failed to load: {e})")),
+    })
+}
+
+/// `?`-friendly conversion for engine results.
+pub trait IntoPyResult<T> {
+    fn py(self) -> PyResult<T>;
+}
+
+impl<T> IntoPyResult<T> for datasetrt::Result<T> {
+    fn py(self) -> PyResult<T> {
+        self.map_err(to_py)
+    }
+}
+
+/// An invalid-input error raised from the binding layer itself.
+pub fn invalid(message: impl Into<String>) -> PyErr {
+    to_py(Error::InvalidInput(message.into()))
+}

@@ -1,0 +1,18 @@
+//! `datasetrt._native`: thin PyO3 bindings over the engine. Conversion and
+//! GIL handling only; all logic lives in `datasetrt-engine`.
+
+mod dataset;
+mod error;
+mod runtime;
+mod writer;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<dataset::PyDataset>()?;
+    m.add_class::<dataset::PyDrawReader>()?;
+    m.add_class::<writer::PyCacheWriter>()?;
+    Ok(())
+}

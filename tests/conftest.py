@@ -1,0 +1,57 @@
+"""Shared fixtures: tiny caches built in temporary directories."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import datasetrt as drt
+
+
+class Source:
+    """A source of `n` samples: payload and metadata are functions of the index."""
+
+    def __init__(self, name: str, n: int,
+                 payload: Callable[[int], bytes] | None = None,
+                 meta: Callable[[int], dict[str, Any]] | None = None):
+        self.name = name
+        self.n = n
+        self.payload = payload or (lambda i: pickle.dumps({"i": i, "name": name}))
+        self.meta = meta or (lambda i: {"label": i % 10, "split": "train" if i % 5 else "val",
+                                        "quality": (i * 37 % 100) / 100.0})
+        self.iterations = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[drt.CacheInput]:
+        self.iterations += 1
+        for i in range(self.n):
+            yield drt.CacheInput(self.payload(i), self.meta(i))
+
+
+def payload_digest(root: Path) -> dict[str, str]:
+    """SHA-256 of every cache file (not snapshots) under `root`."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and "_snapshots" not in p.parts:
+            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+@pytest.fixture
+def source() -> type[Source]:
+    return Source
+
+
+@pytest.fixture
+def two_caches(tmp_path: Path) -> tuple[drt.Dataset, Path, list[Source]]:
+    """A dataset of two caches (500 + 300 samples) under one root."""
+    sources = [Source("alpha-v1", 500), Source("beta-v1", 300)]
+    ds = drt.build(tmp_path, sources, progress=False)
+    return ds, tmp_path, sources

@@ -167,7 +167,7 @@ def test_same_source_name_in_two_roots_does_not_collide(tmp_path):
 @pytest.mark.parametrize("codec", ["zstd", "lz4", "none"])
 def test_every_codec_and_many_shards_round_trip(tmp_path: Path, codec):
     big = Source("big-v1", 60, payload=lambda i: bytes([i % 251]) * (1000 + i))
-    ds = drt.build(tmp_path, [big], codec=codec, shard_bytes=8 << 10, progress=False)
+    ds = drt.build(tmp_path, [big], codec=codec, shard_bytes=256, progress=False)
     shards = list((tmp_path / "big-v1").glob("shard-*.drts"))
     assert len(shards) > 1
     for i in range(60):

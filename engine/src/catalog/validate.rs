@@ -112,7 +112,7 @@ pub fn validate_update(caches: &[Arc<Cache>], schema: &SchemaRef, batches: &[Rec
         let wi = w[row];
         if !wi.is_finite() || wi < 0.0 {
             return Err(Error::invalid(format!(
-                "row {row} (cache_id {}, sample_id {}): weight {wi} is invalid; weights must be finite and non-negative",
+                "row {row} (cache_id {}, sample_id {}): weight {wi:?} is invalid; weights must be finite and non-negative",
                 ids[row], samples[row]
             )));
         }

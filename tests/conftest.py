@@ -16,14 +16,23 @@ import datasetrt as drt
 class Source:
     """A source of `n` samples: payload and metadata are functions of the index."""
 
-    def __init__(self, name: str, n: int,
-                 payload: Callable[[int], bytes] | None = None,
-                 meta: Callable[[int], dict[str, Any]] | None = None):
+    def __init__(
+        self,
+        name: str,
+        n: int,
+        payload: Callable[[int], bytes] | None = None,
+        meta: Callable[[int], dict[str, Any]] | None = None,
+    ):
         self.name = name
         self.n = n
         self.payload = payload or (lambda i: pickle.dumps({"i": i, "name": name}))
-        self.meta = meta or (lambda i: {"label": i % 10, "split": "train" if i % 5 else "val",
-                                        "quality": (i * 37 % 100) / 100.0})
+        self.meta = meta or (
+            lambda i: {
+                "label": i % 10,
+                "split": "train" if i % 5 else "val",
+                "quality": (i * 37 % 100) / 100.0,
+            }
+        )
         self.iterations = 0
 
     def __len__(self) -> int:

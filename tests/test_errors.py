@@ -7,9 +7,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import Source, payload_digest
 
 import datasetrt as drt
+from conftest import Source, payload_digest
 from datasetrt import (
     CacheNotFoundError,
     CorruptCacheError,
@@ -44,8 +44,11 @@ def rejected_update(ds, frame, *needles):
 def test_unknown_sample_in_update_names_row_and_ids(ds):
     meta = ds.get_metadata().head(5)
     bad = meta.with_columns(
-        pl.when(pl.int_range(pl.len()) == 3).then(10_000).otherwise(pl.col("sample_id"))
-        .alias("sample_id"))
+        pl.when(pl.int_range(pl.len()) == 3)
+        .then(10_000)
+        .otherwise(pl.col("sample_id"))
+        .alias("sample_id")
+    )
     rejected_update(ds, bad, "row 3", "sample_id 10000")
     bad = meta.with_columns(pl.lit(123, dtype=pl.Int64).alias("cache_id"))
     rejected_update(ds, bad, "row 0", "cache_id 123")
@@ -65,35 +68,44 @@ def test_unknown_sample_in_get_item(ds):
 def test_negative_nan_and_infinite_weights(ds, value):
     meta = ds.get_metadata()
     bad = meta.with_columns(
-        pl.when(pl.int_range(pl.len()) == 11).then(value).otherwise(pl.col("weight"))
-        .alias("weight"))
-    rejected_update(ds, bad, "row 11", f"weight {value}".replace("nan", "NaN").replace(
-        "inf", "inf"))
+        pl.when(pl.int_range(pl.len()) == 11)
+        .then(value)
+        .otherwise(pl.col("weight"))
+        .alias("weight")
+    )
+    rejected_update(
+        ds, bad, "row 11", f"weight {value}".replace("nan", "NaN").replace("inf", "inf")
+    )
 
 
 def test_all_zero_weights(ds):
-    rejected_update(ds, ds.get_metadata().with_columns(pl.lit(0.0).alias("weight")),
-                    "sum to 0")
+    rejected_update(ds, ds.get_metadata().with_columns(pl.lit(0.0).alias("weight")), "sum to 0")
 
 
 def test_missing_and_wrongly_typed_identity_columns(ds):
     meta = ds.get_metadata()
     rejected_update(ds, meta.drop("cache_id"), '"cache_id"')
     rejected_update(ds, meta.drop("sample_id"), '"sample_id"')
-    rejected_update(ds, meta.with_columns(pl.col("sample_id").cast(pl.String)),
-                    '"sample_id"', "integer")
-    rejected_update(ds, meta.with_columns(pl.col("cache_id").cast(pl.Float64)),
-                    '"cache_id"', "integer")
+    rejected_update(
+        ds, meta.with_columns(pl.col("sample_id").cast(pl.String)), '"sample_id"', "integer"
+    )
+    rejected_update(
+        ds, meta.with_columns(pl.col("cache_id").cast(pl.Float64)), '"cache_id"', "integer"
+    )
     rejected_update(ds, meta.with_columns(pl.col("weight").cast(pl.String)), '"weight"')
 
 
 def test_null_identity_or_weight(ds):
     meta = ds.get_metadata().head(4)
     nulls = pl.when(pl.int_range(pl.len()) == 2).then(None)
-    rejected_update(ds, meta.with_columns(nulls.otherwise(pl.col("sample_id")).alias("sample_id")),
-                    "null at row 2")
-    rejected_update(ds, meta.with_columns(nulls.otherwise(pl.col("weight")).alias("weight")),
-                    "null at row 2")
+    rejected_update(
+        ds,
+        meta.with_columns(nulls.otherwise(pl.col("sample_id")).alias("sample_id")),
+        "null at row 2",
+    )
+    rejected_update(
+        ds, meta.with_columns(nulls.otherwise(pl.col("weight")).alias("weight")), "null at row 2"
+    )
 
 
 def test_empty_update(ds):
@@ -223,7 +235,7 @@ def _one_cache(tmp_path: Path, n: int = 40):
 def test_missing_shard(tmp_path):
     _, cache, _ = _one_cache(tmp_path)
     (cache / "shard-00000.drts").unlink()
-    with pytest.raises(CacheNotFoundError, match="shard-00000.drts"):
+    with pytest.raises(CacheNotFoundError, match=r"shard-00000\.drts"):
         drt.open(tmp_path)
 
 
@@ -278,14 +290,16 @@ def test_corrupted_attributes(tmp_path):
     raw = bytearray(attrs.read_bytes())
     raw[len(raw) // 2] ^= 0x10
     attrs.write_bytes(bytes(raw))
-    with pytest.raises(CorruptCacheError, match="attributes.arrow"):
+    with pytest.raises(CorruptCacheError, match=r"attributes\.arrow"):
         drt.open(tmp_path)
 
 
 def test_unsupported_format_version(tmp_path):
     _, cache, _ = _one_cache(tmp_path)
     manifest = cache / "MANIFEST"
-    body = manifest.read_text().split("checksum=")[0].replace("datasetrt-cache 1", "datasetrt-cache 7")
+    body = (
+        manifest.read_text().split("checksum=")[0].replace("datasetrt-cache 1", "datasetrt-cache 7")
+    )
     crc = _crc32c(body.encode())
     manifest.write_text(f"{body}checksum={crc:08x}\n")
     with pytest.raises(UnsupportedFormatError, match=r"version 7 .*MANIFEST"):

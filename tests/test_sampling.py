@@ -5,14 +5,18 @@ from __future__ import annotations
 import math
 
 import polars as pl
-from conftest import Source
 
 import datasetrt as drt
+from conftest import Source
 
 
 def test_inverse_frequency_weights_equalise_a_9000_to_1000_population(tmp_path):
-    src = Source("imbalanced-v1", 10_000, payload=lambda i: b"%d" % i,
-                 meta=lambda i: {"label": 1 if i % 10 == 0 else 0})
+    src = Source(
+        "imbalanced-v1",
+        10_000,
+        payload=lambda i: b"%d" % i,
+        meta=lambda i: {"label": 1 if i % 10 == 0 else 0},
+    )
     ds = drt.build(tmp_path, [src], progress=False)
     meta = ds.get_metadata()
     assert meta.group_by("label").len().sort("label")["len"].to_list() == [9000, 1000]
@@ -30,8 +34,9 @@ def test_inverse_frequency_weights_equalise_a_9000_to_1000_population(tmp_path):
 
 
 def test_unweighted_draws_cover_rows_uniformly(tmp_path):
-    ds = drt.build(tmp_path, [Source("uniform-v1", 50, payload=lambda i: b"%d" % i)],
-                   progress=False)
+    ds = drt.build(
+        tmp_path, [Source("uniform-v1", 50, payload=lambda i: b"%d" % i)], progress=False
+    )
     counts = [0] * 50
     draws = 0
     for epoch in range(400):

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import Source, payload_digest
 
 import datasetrt as drt
+from conftest import Source, payload_digest
 
 
 def test_metadata_has_identity_attributes_and_unit_weight(two_caches):
@@ -52,8 +52,10 @@ def test_sql_select_equals_the_polars_filter(two_caches):
     expected = ds.get_metadata().filter((pl.col("split") == "train") & (pl.col("quality") >= 0.8))
     ds.select("SELECT * FROM metadata WHERE split = 'train' AND quality >= 0.8")
     got = ds.get_metadata().sort("cache_id", "sample_id")
-    assert got.select("cache_id", "sample_id").rows() == expected.sort(
-        "cache_id", "sample_id").select("cache_id", "sample_id").rows()
+    assert (
+        got.select("cache_id", "sample_id").rows()
+        == expected.sort("cache_id", "sample_id").select("cache_id", "sample_id").rows()
+    )
     assert payload_digest(root) == before
 
 
@@ -63,8 +65,10 @@ def test_head_100_dev_subset(two_caches):
     sel = ds.get_metadata().filter(pl.col("split") == "train")
     ds.update_metadata(sel.head(100))
     assert len(ds) == 100
-    assert ds.get_metadata().select("cache_id", "sample_id").rows() == sel.head(100).select(
-        "cache_id", "sample_id").rows()
+    assert (
+        ds.get_metadata().select("cache_id", "sample_id").rows()
+        == sel.head(100).select("cache_id", "sample_id").rows()
+    )
     assert payload_digest(root) == before
 
 
@@ -84,11 +88,13 @@ def test_update_keeps_extra_columns_and_get_item_shows_the_active_row(two_caches
     ds, _, sources = two_caches
     meta = ds.get_metadata()
     cid, sid = meta["cache_id"][7], meta["sample_id"][7]
-    ds.update_metadata(meta.with_columns(
-        (pl.col("quality") * 2).alias("quality"), pl.lit("hard").alias("tag")))
+    ds.update_metadata(
+        meta.with_columns((pl.col("quality") * 2).alias("quality"), pl.lit("hard").alias("tag"))
+    )
     s = ds.get_item(cid, sid)
-    src = next(x for x in sources if x.name == next(
-        c["name"] for c in ds.caches if c["cache_id"] == cid))
+    src = next(
+        x for x in sources if x.name == next(c["name"] for c in ds.caches if c["cache_id"] == cid)
+    )
     assert s.data == src.payload(sid)
     assert s.cache_id == cid and s.sample_id == sid
     assert s.metadata["tag"] == "hard"
@@ -116,8 +122,9 @@ def test_iter_draws_len_samples_deterministically_and_returns_written_bytes(two_
 def test_zero_weight_rows_are_never_drawn(two_caches):
     ds, _, _ = two_caches
     meta = ds.get_metadata()
-    ds.update_metadata(meta.with_columns(
-        pl.when(pl.col("label") == 4).then(1.0).otherwise(0.0).alias("weight")))
+    ds.update_metadata(
+        meta.with_columns(pl.when(pl.col("label") == 4).then(1.0).otherwise(0.0).alias("weight"))
+    )
     labels = {pickle.loads(s.data)["i"] % 10 for s in ds.iter(seed=1)}
     assert labels == {4}
 

@@ -82,14 +82,22 @@ def build(
         raise InvalidInputError("build() needs at least one source")
     names = check_names(sources)
     root = Path(root)
-    for name, source in zip(names, sources):
+    for name, source in zip(names, sources, strict=True):
         if not (root / name / "MANIFEST").is_file():
-            write_source(root, name, source, codec=codec, level=level, shard_bytes=shard_bytes,
-                         threads=threads, progress=progress)
+            write_source(
+                root,
+                name,
+                source,
+                codec=codec,
+                level=level,
+                shard_bytes=shard_bytes,
+                threads=threads,
+                progress=progress,
+            )
     return Dataset([root / name for name in names], snapshot_dir=snapshot_dir)
 
 
-def open(paths: PathLike | Sequence[PathLike], *, snapshot_dir: PathLike | None = None) -> Dataset:  # noqa: A001
+def open(paths: PathLike | Sequence[PathLike], *, snapshot_dir: PathLike | None = None) -> Dataset:
     """Open a dataset: a root holding caches, one cache directory, or a list of either.
 
     The order of the paths does not matter: ``cache_id`` values are stored

@@ -23,18 +23,24 @@ CHUNK_BYTES = 16 << 20
 class CacheInput(NamedTuple):
     """One sample of a source: its payload bytes and a flat metadata dict.
 
-    A plain ``(bytes, dict)`` tuple is accepted wherever a ``CacheInput`` is.
+    A plain ``(bytes, dict)`` tuple is accepted wherever a ``CacheInput`` is;
+    ``metadata=None`` means no metadata keys.
 
     >>> CacheInput(b"payload", {"label": 3}).metadata["label"]
     3
     """
 
     data: bytes
-    metadata: dict[str, Any] = {}
+    metadata: dict[str, Any] | None = None
 
 
-_DTYPES = {"bool": pl.Boolean, "int": pl.Int64, "float": pl.Float64, "str": pl.String,
-           "bytes": pl.Binary}
+_DTYPES = {
+    "bool": pl.Boolean,
+    "int": pl.Int64,
+    "float": pl.Float64,
+    "str": pl.String,
+    "bytes": pl.Binary,
+}
 
 
 def _kind(t: type) -> str | None:

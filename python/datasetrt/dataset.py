@@ -27,8 +27,14 @@ class Sample:
 
     __slots__ = ("_frame", "_metadata", "_row", "cache_id", "data", "sample_id")
 
-    def __init__(self, data: bytes, cache_id: int, sample_id: int, row: int | None,
-                 frame: pl.DataFrame | None):
+    def __init__(
+        self,
+        data: bytes,
+        cache_id: int,
+        sample_id: int,
+        row: int | None,
+        frame: pl.DataFrame | None,
+    ):
         self.data = data
         self.cache_id = cache_id
         self.sample_id = sample_id
@@ -43,8 +49,9 @@ class Sample:
         return self._metadata
 
     def __repr__(self) -> str:
-        return (f"Sample(cache_id={self.cache_id}, sample_id={self.sample_id}, "
-                f"{len(self.data)} bytes)")
+        return (
+            f"Sample(cache_id={self.cache_id}, sample_id={self.sample_id}, {len(self.data)} bytes)"
+        )
 
 
 def _check_seed(seed: object) -> int:
@@ -73,8 +80,7 @@ class Dataset:
 
     # -- pickling by recipe: paths, snapshot directory, snapshot number --------
     def __getstate__(self) -> dict[str, Any]:
-        return {"paths": self._paths, "snapshot_dir": self._snapshot_dir,
-                "snapshot": self.version}
+        return {"paths": self._paths, "snapshot_dir": self._snapshot_dir, "snapshot": self.version}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["paths"], state["snapshot_dir"])  # type: ignore[misc]

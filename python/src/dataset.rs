@@ -37,7 +37,12 @@ fn collect(data: AnyRecordBatch) -> PyResult<(arrow::datatypes::SchemaRef, Vec<R
 }
 
 impl PyDataset {
-    fn publish(&self, py: Python<'_>, schema: arrow::datatypes::SchemaRef, batches: Vec<RecordBatch>) -> PyResult<u64> {
+    fn publish(
+        &self,
+        py: Python<'_>,
+        schema: arrow::datatypes::SchemaRef,
+        batches: Vec<RecordBatch>,
+    ) -> PyResult<u64> {
         let _guard = self.writes.lock().unwrap_or_else(|p| p.into_inner());
         let inner = self.inner.clone();
         let query = self.query.clone();
@@ -144,13 +149,20 @@ impl PyDataset {
 
     /// Payload of one stored sample and its row in the active population
     /// (`None` when the sample is stored but not in the population).
-    fn get<'py>(&self, py: Python<'py>, cache_id: i64, sample_id: i64) -> PyResult<(Bound<'py, PyBytes>, Option<usize>)> {
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        cache_id: i64,
+        sample_id: i64,
+    ) -> PyResult<(Bound<'py, PyBytes>, Option<usize>)> {
         let inner = self.inner.clone();
         let (bytes, row) = detach(py, move || -> datasetrt::Result<_> {
             let pos = inner.cache_position(cache_id)?;
             let mut out = Vec::new();
             inner.read_into(cache_id, sample_id, &mut out)?;
-            let row = inner.snapshot().row_of(inner.caches(), pos, sample_id as u64);
+            let row = inner
+                .snapshot()
+                .row_of(inner.caches(), pos, sample_id as u64);
             Ok((out, row))
         })?
         .py()?;
@@ -160,7 +172,14 @@ impl PyDataset {
     /// A reader over draws `start..stop` of `epoch` (weighted, with replacement),
     /// pinned to the active snapshot.
     #[pyo3(signature = (seed, epoch, start, stop, batch_size))]
-    fn draws(&self, seed: u64, epoch: u64, start: u64, stop: u64, batch_size: usize) -> PyResult<PyDrawReader> {
+    fn draws(
+        &self,
+        seed: u64,
+        epoch: u64,
+        start: u64,
+        stop: u64,
+        batch_size: usize,
+    ) -> PyResult<PyDrawReader> {
         if batch_size == 0 {
             return Err(invalid("batch_size must be positive"));
         }
@@ -222,6 +241,12 @@ impl PyDrawReader {
         for i in 0..payloads.len() {
             list.append(PyBytes::new(py, payloads.get(i)))?;
         }
-        Ok(Some((self.snapshot.number(), rows, cache_ids, sample_ids, list)))
+        Ok(Some((
+            self.snapshot.number(),
+            rows,
+            cache_ids,
+            sample_ids,
+            list,
+        )))
     }
 }

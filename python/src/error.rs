@@ -11,9 +11,8 @@ use pyo3::types::PyType;
 static EXCEPTIONS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
 fn class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>> {
-    let module = EXCEPTIONS.get_or_try_init(py, || {
-        py.import("datasetrt.exceptions").map(|m| m.unbind())
-    })?;
+    let module =
+        EXCEPTIONS.get_or_try_init(py, || py.import("datasetrt.exceptions").map(|m| m.unbind()))?;
     Ok(module.bind(py).getattr(name)?.cast_into::<PyType>()?)
 }
 
@@ -31,7 +30,9 @@ pub fn to_py(err: Error) -> PyErr {
     let message = err.to_string();
     Python::attach(|py| match class(py, name) {
         Ok(ty) => PyErr::from_type(ty, message),
-        Err(e) => PyRuntimeError::new_err(format!("{message} (and datasetrt.exceptions failed to load: {e})")),
+        Err(e) => PyRuntimeError::new_err(format!(
+            "{message} (and datasetrt.exceptions failed to load: {e})"
+        )),
     })
 }
 

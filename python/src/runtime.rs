@@ -37,7 +37,9 @@ pub fn runtime() -> PyResult<Arc<Runtime>> {
         .thread_name("datasetrt")
         .enable_time()
         .build()
-        .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(format!("cannot start the runtime: {e}")))?;
+        .map_err(|e| {
+            pyo3::exceptions::PyRuntimeError::new_err(format!("cannot start the runtime: {e}"))
+        })?;
     let rt = Arc::new(rt);
     *slot = Some((pid, rt.clone()));
     Ok(rt)
@@ -60,11 +62,17 @@ where
     let rt = runtime()?;
     let mut handle = rt.spawn(fut);
     loop {
-        let polled = py.detach(|| rt.block_on(async { tokio::time::timeout(Duration::from_millis(50), &mut handle).await }));
+        let polled = py.detach(|| {
+            rt.block_on(async {
+                tokio::time::timeout(Duration::from_millis(50), &mut handle).await
+            })
+        });
         match polled {
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(join)) => {
-                return Err(pyo3::exceptions::PyRuntimeError::new_err(format!("native task failed: {join}")))
+                return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+                    "native task failed: {join}"
+                )))
             }
             Err(_elapsed) => {
                 if let Err(interrupt) = py.check_signals() {

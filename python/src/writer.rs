@@ -64,7 +64,10 @@ impl PyCacheWriter {
             let bytes = item.cast::<PyBytes>().map_err(|_| {
                 invalid(format!(
                     "record {i} of this chunk is {}, expected bytes",
-                    item.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+                    item.get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_default()
                 ))
             })?;
             data.extend_from_slice(bytes.as_bytes());
@@ -79,7 +82,11 @@ impl PyCacheWriter {
 
     /// Publish the cache with `attributes` (one row per record). Returns a dict
     /// describing the published cache.
-    fn finish<'py>(&self, py: Python<'py>, attributes: AnyRecordBatch) -> PyResult<Bound<'py, PyDict>> {
+    fn finish<'py>(
+        &self,
+        py: Python<'py>,
+        attributes: AnyRecordBatch,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let reader = attributes.into_reader()?;
         let schema = reader.schema();
         let batches: Vec<RecordBatch> = reader

@@ -92,7 +92,8 @@ impl Dataset {
             for dir in discover(path)? {
                 let cache = Cache::open(&dir)?;
                 if let Some(other) = by_id.get(&cache.id()) {
-                    let same = std::fs::canonicalize(other.dir()).ok() == std::fs::canonicalize(&dir).ok();
+                    let same =
+                        std::fs::canonicalize(other.dir()).ok() == std::fs::canonicalize(&dir).ok();
                     if !same {
                         return Err(Error::invalid(format!(
                             "caches {} and {} have the same cache_id {}; one is a copy of the other",
@@ -153,12 +154,14 @@ impl Dataset {
 
     /// Position of `cache_id` in [`Dataset::caches`].
     pub fn cache_position(&self, cache_id: i64) -> Result<usize> {
-        self.caches.binary_search_by_key(&cache_id, |c| c.id()).map_err(|_| {
-            Error::invalid(format!(
-                "cache_id {cache_id} is not a cache of this dataset (known cache_ids: {:?})",
-                self.caches.iter().map(|c| c.id()).collect::<Vec<_>>()
-            ))
-        })
+        self.caches
+            .binary_search_by_key(&cache_id, |c| c.id())
+            .map_err(|_| {
+                Error::invalid(format!(
+                    "cache_id {cache_id} is not a cache of this dataset (known cache_ids: {:?})",
+                    self.caches.iter().map(|c| c.id()).collect::<Vec<_>>()
+                ))
+            })
     }
 
     /// Where this dataset's snapshots live.
@@ -181,7 +184,9 @@ impl Dataset {
     pub fn update(&self, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Arc<Snapshot>> {
         let batch = validate::validate_update(&self.caches, schema, batches)?;
         let mut active = self.active.write().expect("snapshot lock");
-        let mut next = Self::list_in(&self.snapshot_dir)?.last().map_or(0, |n| n + 1);
+        let mut next = Self::list_in(&self.snapshot_dir)?
+            .last()
+            .map_or(0, |n| n + 1);
         let tmp = ipc::write_temp(
             &self.snapshot_dir.join(Snapshot::file_name(next)),
             &batch.schema(),
@@ -249,7 +254,10 @@ fn initial_population(caches: &[Arc<Cache>]) -> Result<RecordBatch> {
                     )))
                 }
                 Some(_) => {}
-                None => columns.push((field.as_ref().clone().with_nullable(true), cache.name().to_string())),
+                None => columns.push((
+                    field.as_ref().clone().with_nullable(true),
+                    cache.name().to_string(),
+                )),
             }
         }
     }

@@ -114,21 +114,27 @@ impl Snapshot {
 
     /// Alias table over the weights, built once per snapshot.
     pub fn alias_table(&self) -> &AliasTable {
-        self.alias
-            .get_or_init(|| AliasTable::new(self.weights().values()).expect("weights validated on update"))
+        self.alias.get_or_init(|| {
+            AliasTable::new(self.weights().values()).expect("weights validated on update")
+        })
     }
 
     /// The first row of `(cache position, sample_id)` in this population, if any.
     /// `caches` must be the dataset's caches, sorted by id.
     pub fn row_of(&self, caches: &[Arc<Cache>], cache_pos: usize, sample_id: u64) -> Option<usize> {
         let table = self.rows_by_sample.get_or_init(|| {
-            let mut table: Vec<Vec<u32>> = caches.iter().map(|c| vec![NO_ROW; c.records() as usize]).collect();
+            let mut table: Vec<Vec<u32>> = caches
+                .iter()
+                .map(|c| vec![NO_ROW; c.records() as usize])
+                .collect();
             let ids = self.cache_ids().values();
             let samples = self.sample_ids().values();
             let mut pos = 0usize;
             for row in (0..ids.len()).rev() {
                 if caches[pos].id() != ids[row] {
-                    pos = caches.binary_search_by_key(&ids[row], |c| c.id()).expect("validated on update");
+                    pos = caches
+                        .binary_search_by_key(&ids[row], |c| c.id())
+                        .expect("validated on update");
                 }
                 table[pos][samples[row] as usize] = row as u32;
             }

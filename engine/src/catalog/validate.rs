@@ -43,19 +43,26 @@ fn identity_column(batch: &RecordBatch, name: &str) -> Result<ArrayRef> {
         )));
     }
     if let Some(row) = first_null(col.as_ref()) {
-        return Err(Error::invalid(format!("column {name:?} is null at row {row}")));
+        return Err(Error::invalid(format!(
+            "column {name:?} is null at row {row}"
+        )));
     }
     let strict = CastOptions {
         safe: false,
         ..Default::default()
     };
-    cast_with_options(col, &DataType::Int64, &strict).map_err(|e| Error::invalid(format!("column {name:?}: {e}")))
+    cast_with_options(col, &DataType::Int64, &strict)
+        .map_err(|e| Error::invalid(format!("column {name:?}: {e}")))
 }
 
 /// Check an update against the dataset's caches and return the batch to
 /// store: identity columns as Int64, `weight` as Float64 (1.0 when absent),
 /// other columns as given.
-pub fn validate_update(caches: &[Arc<Cache>], schema: &SchemaRef, batches: &[RecordBatch]) -> Result<RecordBatch> {
+pub fn validate_update(
+    caches: &[Arc<Cache>],
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+) -> Result<RecordBatch> {
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     if rows == 0 {
         return Err(Error::invalid(
@@ -72,7 +79,9 @@ pub fn validate_update(caches: &[Arc<Cache>], schema: &SchemaRef, batches: &[Rec
         None => Arc::new(Float64Array::from(vec![1.0; rows])),
         Some(col) if col.data_type().is_numeric() => {
             if let Some(row) = first_null(col.as_ref()) {
-                return Err(Error::invalid(format!("column \"weight\" is null at row {row}")));
+                return Err(Error::invalid(format!(
+                    "column \"weight\" is null at row {row}"
+                )));
             }
             cast(col, &DataType::Float64)?
         }
@@ -91,13 +100,15 @@ pub fn validate_update(caches: &[Arc<Cache>], schema: &SchemaRef, batches: &[Rec
     let mut total = 0.0f64;
     for row in 0..rows {
         if caches[pos].id() != ids[row] {
-            pos = caches.binary_search_by_key(&ids[row], |c| c.id()).map_err(|_| {
-                Error::invalid(format!(
+            pos = caches
+                .binary_search_by_key(&ids[row], |c| c.id())
+                .map_err(|_| {
+                    Error::invalid(format!(
                     "row {row}: cache_id {} is not a cache of this dataset (known cache_ids: {:?})",
                     ids[row],
                     caches.iter().map(|c| c.id()).collect::<Vec<_>>()
                 ))
-            })?;
+                })?;
         }
         let cache = &caches[pos];
         if samples[row] < 0 || samples[row] as u64 >= cache.records() {
@@ -136,7 +147,11 @@ pub fn validate_update(caches: &[Arc<Cache>], schema: &SchemaRef, batches: &[Rec
         };
         match replaced {
             Some(new) => {
-                fields.push(Arc::new(Field::new(field.name(), new.data_type().clone(), false)));
+                fields.push(Arc::new(Field::new(
+                    field.name(),
+                    new.data_type().clone(),
+                    false,
+                )));
                 columns.push(new);
             }
             None => {
@@ -149,5 +164,8 @@ pub fn validate_update(caches: &[Arc<Cache>], schema: &SchemaRef, batches: &[Rec
         fields.push(Arc::new(Field::new("weight", DataType::Float64, false)));
         columns.push(weights);
     }
-    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
 }

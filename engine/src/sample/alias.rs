@@ -18,8 +18,11 @@ impl AliasTable {
             return Err(Error::invalid(format!("cannot sample from {n} weights")));
         }
         let total: f64 = weights.iter().sum();
-        if !(total.is_finite() && total > 0.0) || weights.iter().any(|w| !w.is_finite() || *w < 0.0) {
-            return Err(Error::invalid("weights must be finite, non-negative, with a positive sum"));
+        if !(total.is_finite() && total > 0.0) || weights.iter().any(|w| !w.is_finite() || *w < 0.0)
+        {
+            return Err(Error::invalid(
+                "weights must be finite, non-negative, with a positive sum",
+            ));
         }
         let scale = n as f64 / total;
         let mut prob: Vec<f64> = weights.iter().map(|w| w * scale).collect();

@@ -11,7 +11,8 @@ pub fn mix64(mut z: u64) -> u64 {
 /// 64 random bits for draw `k` of `epoch` under `seed`.
 #[inline]
 pub fn draw_bits(seed: u64, epoch: u64, k: u64) -> u64 {
-    let stream = mix64(seed ^ 0x9e37_79b9_7f4a_7c15).wrapping_add(mix64(epoch.wrapping_add(0x632b_e59b_d9b4_e019)));
+    let stream = mix64(seed ^ 0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(mix64(epoch.wrapping_add(0x632b_e59b_d9b4_e019)));
     mix64(mix64(stream ^ k.wrapping_mul(0xd1b5_4a32_d192_ed03)).wrapping_add(k))
 }
 

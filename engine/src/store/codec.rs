@@ -176,7 +176,9 @@ mod tests {
 
     #[test]
     fn compressible_records_round_trip_with_every_codec() {
-        let raw: Vec<u8> = (0..10_000u32).flat_map(|i| (i % 17).to_le_bytes()).collect();
+        let raw: Vec<u8> = (0..10_000u32)
+            .flat_map(|i| (i % 17).to_le_bytes())
+            .collect();
         for codec in [Codec::None, Codec::Zstd, Codec::Lz4] {
             let mut c = Compressor::new(codec, 3).unwrap();
             let mut stored = Vec::new();

@@ -60,7 +60,8 @@ impl IndexEntry {
     /// Decode one entry; `Err` carries a description of what is wrong.
     pub fn decode(b: &[u8]) -> std::result::Result<IndexEntry, String> {
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-        let codec = Codec::from_flag(b[24]).ok_or_else(|| format!("unknown codec flag {}", b[24]))?;
+        let codec =
+            Codec::from_flag(b[24]).ok_or_else(|| format!("unknown codec flag {}", b[24]))?;
         if b[25..32].iter().any(|&x| x != 0) {
             return Err("reserved bytes are not zero".into());
         }
@@ -123,14 +124,21 @@ pub fn check_index(path: &Path, bytes: &[u8]) -> Result<u64> {
     }
     let entry_len = u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")) as usize;
     if entry_len != INDEX_ENTRY_LEN {
-        return Err(Error::corrupt(path, format!("entry length {entry_len}, expected {INDEX_ENTRY_LEN}")));
+        return Err(Error::corrupt(
+            path,
+            format!("entry length {entry_len}, expected {INDEX_ENTRY_LEN}"),
+        ));
     }
     let count = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
-    let expected = (INDEX_HEADER_LEN as u64).saturating_add(count.saturating_mul(INDEX_ENTRY_LEN as u64));
+    let expected =
+        (INDEX_HEADER_LEN as u64).saturating_add(count.saturating_mul(INDEX_ENTRY_LEN as u64));
     if bytes.len() as u64 != expected {
         return Err(Error::corrupt(
             path,
-            format!("index is {} bytes, header promises {expected} ({count} records)", bytes.len()),
+            format!(
+                "index is {} bytes, header promises {expected} ({count} records)",
+                bytes.len()
+            ),
         ));
     }
     let entries_crc = u32::from_le_bytes(h[24..28].try_into().expect("4 bytes"));
@@ -163,7 +171,10 @@ pub fn check_shard_header(path: &Path, bytes: &[u8], shard: u32) -> Result<()> {
     }
     let number = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes"));
     if number != shard {
-        return Err(Error::corrupt(path, format!("shard header says shard {number}, expected {shard}")));
+        return Err(Error::corrupt(
+            path,
+            format!("shard header says shard {number}, expected {shard}"),
+        ));
     }
     Ok(())
 }

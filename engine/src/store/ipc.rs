@@ -22,7 +22,11 @@ use crate::{Error, Result};
 
 /// Write `batches` as an uncompressed Arrow IPC file at a temporary sibling
 /// of `path`, fsync it and return the temporary path (the caller publishes).
-pub fn write_temp(path: &Path, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<std::path::PathBuf> {
+pub fn write_temp(
+    path: &Path,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+) -> Result<std::path::PathBuf> {
     let tmp = temp_sibling(path);
     let result = (|| {
         let file = File::create(&tmp).map_err(Error::io(&tmp))?;
@@ -66,19 +70,26 @@ pub fn read_mapped(path: &Path, what: &'static str) -> Result<(SchemaRef, Vec<Re
     let trailer: [u8; 10] = buffer[len - 10..].try_into().expect("10 bytes");
     let footer_len = read_footer_length(trailer).map_err(|e| bad(e.to_string()))?;
     if footer_len + 10 > len {
-        return Err(bad(format!("footer length {footer_len} exceeds file length {len}")));
+        return Err(bad(format!(
+            "footer length {footer_len} exceeds file length {len}"
+        )));
     }
     let footer = root_as_footer(&buffer[len - 10 - footer_len..len - 10])
         .map_err(|e| bad(format!("unreadable footer: {e}")))?;
     let schema = Arc::new(fb_to_schema(
-        footer.schema().ok_or_else(|| bad("footer has no schema".into()))?,
+        footer
+            .schema()
+            .ok_or_else(|| bad("footer has no schema".into()))?,
     ));
     let mut decoder = FileDecoder::new(schema.clone(), footer.version());
     let block_slice = |block: &Block| -> Result<Buffer> {
-        let start = usize::try_from(block.offset()).map_err(|_| bad("negative block offset".into()))?;
+        let start =
+            usize::try_from(block.offset()).map_err(|_| bad("negative block offset".into()))?;
         let size = block.metaDataLength() as usize + block.bodyLength() as usize;
         if start.checked_add(size).is_none_or(|end| end > len) {
-            return Err(bad(format!("block at {start}+{size} runs past the end ({len} bytes)")));
+            return Err(bad(format!(
+                "block at {start}+{size} runs past the end ({len} bytes)"
+            )));
         }
         Ok(buffer.slice_with_length(start, size))
     };

@@ -107,7 +107,8 @@ impl Manifest {
                 .map_err(|_| bad(format!("manifest field {k:?} is not a number")))
         };
         let hex = |k: &str| -> Result<u32> {
-            u32::from_str_radix(get(k)?, 16).map_err(|_| bad(format!("manifest field {k:?} is not hex")))
+            u32::from_str_radix(get(k)?, 16)
+                .map_err(|_| bad(format!("manifest field {k:?} is not hex")))
         };
         let shard_bytes: Vec<u64> = match get("shard_bytes")? {
             "" => Vec::new(),
@@ -115,7 +116,9 @@ impl Manifest {
                 .split(',')
                 .map(|s| s.parse::<u64>())
                 .collect::<std::result::Result<_, _>>()
-                .map_err(|_| bad("manifest field \"shard_bytes\" is not a list of numbers".into()))?,
+                .map_err(|_| {
+                    bad("manifest field \"shard_bytes\" is not a list of numbers".into())
+                })?,
         };
         if shard_bytes.len() as u64 != num("shards")? {
             return Err(bad("manifest shard count does not match shard_bytes".into()));
@@ -158,7 +161,10 @@ mod tests {
     #[test]
     fn manifest_round_trips() {
         let m = sample();
-        assert_eq!(Manifest::decode(Path::new("M"), m.encode().as_bytes()).unwrap(), m);
+        assert_eq!(
+            Manifest::decode(Path::new("M"), m.encode().as_bytes()).unwrap(),
+            m
+        );
     }
 
     #[test]
@@ -166,7 +172,9 @@ mod tests {
         let text = sample().encode().replace("records=3", "records=4");
         let err = Manifest::decode(Path::new("M"), text.as_bytes()).unwrap_err();
         assert!(err.to_string().contains("checksum mismatch"), "{err}");
-        let text = sample().encode().replace("datasetrt-cache 1", "datasetrt-cache 9");
+        let text = sample()
+            .encode()
+            .replace("datasetrt-cache 1", "datasetrt-cache 9");
         assert!(matches!(
             Manifest::decode(Path::new("M"), text.as_bytes()).unwrap_err(),
             Error::UnsupportedVersion { found: 9, .. }

@@ -59,12 +59,18 @@ impl Cache {
         if count != manifest.records {
             return Err(Error::corrupt(
                 &index_path,
-                format!("index has {count} records, manifest says {}", manifest.records),
+                format!(
+                    "index has {count} records, manifest says {}",
+                    manifest.records
+                ),
             ));
         }
         let index_crc = u32::from_le_bytes(index[24..28].try_into().expect("4 bytes"));
         if index_crc != manifest.index_crc32c {
-            return Err(Error::corrupt(&index_path, "index checksum differs from the manifest's"));
+            return Err(Error::corrupt(
+                &index_path,
+                "index checksum differs from the manifest's",
+            ));
         }
 
         let mut shards = Vec::with_capacity(manifest.shard_bytes.len());
@@ -90,11 +96,18 @@ impl Cache {
             if raw.len() as u64 != manifest.attributes_bytes {
                 return Err(Error::corrupt(
                     &attributes_path,
-                    format!("{} bytes, manifest says {}", raw.len(), manifest.attributes_bytes),
+                    format!(
+                        "{} bytes, manifest says {}",
+                        raw.len(),
+                        manifest.attributes_bytes
+                    ),
                 ));
             }
             if crc32c::crc32c(&raw) != manifest.attributes_crc32c {
-                return Err(Error::corrupt(&attributes_path, "attributes checksum mismatch"));
+                return Err(Error::corrupt(
+                    &attributes_path,
+                    "attributes checksum mismatch",
+                ));
             }
         }
         let (schema, batches) = ipc::read_mapped(&attributes_path, "cache attributes")?;
@@ -160,7 +173,10 @@ impl Cache {
         }
         let at = INDEX_HEADER_LEN + sample_id as usize * INDEX_ENTRY_LEN;
         IndexEntry::decode(&self.index[at..at + INDEX_ENTRY_LEN]).map_err(|detail| {
-            Error::corrupt(&self.index_path, format!("entry of sample {sample_id} at offset {at}: {detail}"))
+            Error::corrupt(
+                &self.index_path,
+                format!("entry of sample {sample_id} at offset {at}: {detail}"),
+            )
         })
     }
 
@@ -171,11 +187,15 @@ impl Cache {
         let (path, shard) = self.shards.get(e.shard as usize).ok_or_else(|| {
             Error::corrupt(
                 &self.index_path,
-                format!("sample {sample_id} points at shard {} of {}", e.shard, self.shards.len()),
+                format!(
+                    "sample {sample_id} points at shard {} of {}",
+                    e.shard,
+                    self.shards.len()
+                ),
             )
         })?;
         let start = e.offset as usize;
-        let end = start.checked_add(e.stored_len as usize).unwrap_or(usize::MAX);
+        let end = start.saturating_add(e.stored_len as usize);
         if start < super::format::SHARD_HEADER_LEN || end > shard.len() {
             return Err(Error::corrupt(
                 path,
@@ -202,7 +222,13 @@ impl Cache {
             }
         }
         decompress_into(e.codec, stored, e.raw_len as usize, out).map_err(|detail| {
-            Error::corrupt(path, format!("sample {sample_id} at shard {} offset {start}: {detail}", e.shard))
+            Error::corrupt(
+                path,
+                format!(
+                    "sample {sample_id} at shard {} offset {start}: {detail}",
+                    e.shard
+                ),
+            )
         })
     }
 }

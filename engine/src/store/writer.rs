@@ -149,7 +149,9 @@ impl CacheWriter {
         let mut start = 0;
         for (i, &end) in ends.iter().enumerate() {
             if end < start || end > data.len() {
-                return Err(Error::invalid(format!("record end offset {end} out of order")));
+                return Err(Error::invalid(format!(
+                    "record end offset {end} out of order"
+                )));
             }
             if end - start > u32::MAX as usize {
                 return Err(Error::invalid(format!(
@@ -167,7 +169,11 @@ impl CacheWriter {
             data,
             ends,
         };
-        let sent = self.jobs.as_ref().map(|tx| tx.send(chunk).is_ok()).unwrap_or(false);
+        let sent = self
+            .jobs
+            .as_ref()
+            .map(|tx| tx.send(chunk).is_ok())
+            .unwrap_or(false);
         if !sent {
             return Err(self.pipeline_error());
         }
@@ -203,7 +209,9 @@ impl CacheWriter {
     pub fn finish(mut self, attributes: RecordBatch) -> Result<(Manifest, PathBuf)> {
         let name = self.name.clone();
         if self.records == 0 {
-            return Err(Error::invalid(format!("source {name:?} yielded no samples")));
+            return Err(Error::invalid(format!(
+                "source {name:?} yielded no samples"
+            )));
         }
         if attributes.num_columns() > 0 && attributes.num_rows() as u64 != self.records {
             return Err(Error::invalid(format!(
@@ -235,7 +243,8 @@ impl CacheWriter {
 
         // attributes, with sample_id first
         let n = self.records as usize;
-        let mut fields: Vec<Arc<Field>> = vec![Arc::new(Field::new("sample_id", DataType::Int64, false))];
+        let mut fields: Vec<Arc<Field>> =
+            vec![Arc::new(Field::new("sample_id", DataType::Int64, false))];
         let mut columns: Vec<ArrayRef> = vec![Arc::new(Int64Array::from_iter_values(0..n as i64))];
         fields.extend(attributes.schema().fields().iter().cloned());
         columns.extend(attributes.columns().iter().cloned());
@@ -296,7 +305,8 @@ fn new_cache_id(name: &str) -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    let h = std::collections::hash_map::RandomState::new().hash_one((name, nanos, std::process::id()));
+    let h =
+        std::collections::hash_map::RandomState::new().hash_one((name, nanos, std::process::id()));
     // 53 bits: exact in float64 and JSON, positive in every integer type.
     (h >> 11) as i64
 }
@@ -310,7 +320,12 @@ fn encode_chunk(compressor: &mut Compressor, chunk: Chunk) -> Encoded {
         let before = bytes.len();
         let codec = compressor.compress_into(raw, &mut bytes);
         let stored = &bytes[before..];
-        records.push((stored.len() as u32, raw.len() as u32, crc32c::crc32c(stored), codec));
+        records.push((
+            stored.len() as u32,
+            raw.len() as u32,
+            crc32c::crc32c(stored),
+            codec,
+        ));
         start = end;
     }
     Encoded {
@@ -331,7 +346,9 @@ struct ShardSink {
 impl ShardSink {
     fn close_current(&mut self) -> Result<()> {
         if let Some((_, writer, path)) = self.current.take() {
-            let file = writer.into_inner().map_err(|e| Error::io(&path)(e.into_error()))?;
+            let file = writer
+                .into_inner()
+                .map_err(|e| Error::io(&path)(e.into_error()))?;
             file.sync_all().map_err(Error::io(&path))?;
             self.shard_bytes.push(self.current_len);
         }
@@ -351,7 +368,8 @@ impl ShardSink {
             let path = self.dir.join(shard_file_name(shard));
             let file = File::create(&path).map_err(Error::io(&path))?;
             let mut w = BufWriter::with_capacity(1 << 20, file);
-            w.write_all(&encode_shard_header(shard)).map_err(Error::io(&path))?;
+            w.write_all(&encode_shard_header(shard))
+                .map_err(Error::io(&path))?;
             self.current = Some((shard, w, path));
             self.current_len = SHARD_HEADER_LEN as u64;
         }

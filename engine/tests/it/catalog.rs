@@ -41,7 +41,12 @@ fn snapshot_zero_is_every_stored_sample_with_unit_weight() {
     assert_eq!(snap.number(), 0);
     assert_eq!(snap.num_rows(), 15);
     assert!(snap.weights().values().iter().all(|&w| w == 1.0));
-    let names: Vec<_> = snap.schema().fields().iter().map(|f| f.name().clone()).collect();
+    let names: Vec<_> = snap
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
     assert_eq!(names, ["cache_id", "sample_id", "label", "split", "weight"]);
 }
 
@@ -55,7 +60,10 @@ fn updates_publish_numbered_snapshots_and_reopen_finds_the_newest() {
     assert_eq!(ds.snapshot_numbers().unwrap(), vec![0, 1]);
     let again = Dataset::open(&[dir.path().to_path_buf()], OpenOptions::default()).unwrap();
     assert_eq!(again.snapshot().number(), 1);
-    assert_eq!(again.snapshot().sample_ids().values().to_vec(), vec![1, 1, 2]);
+    assert_eq!(
+        again.snapshot().sample_ids().values().to_vec(),
+        vec![1, 1, 2]
+    );
     // the first of duplicated rows answers lookups
     assert_eq!(again.snapshot().row_of(again.caches(), 0, 1), Some(0));
     assert_eq!(again.snapshot().row_of(again.caches(), 0, 3), None);
@@ -99,8 +107,18 @@ fn narrow_integer_identities_are_widened_and_weight_defaults_to_one() {
     .unwrap();
     let snap = ds.update(&schema, &[batch]).unwrap();
     let s = snap.batch();
-    assert_eq!(s.column_by_name("sample_id").unwrap().as_primitive::<Int64Type>().values().to_vec(), vec![4, 0]);
-    let w = s.column_by_name("weight").unwrap().as_primitive::<Float64Type>();
+    assert_eq!(
+        s.column_by_name("sample_id")
+            .unwrap()
+            .as_primitive::<Int64Type>()
+            .values()
+            .to_vec(),
+        vec![4, 0]
+    );
+    let w = s
+        .column_by_name("weight")
+        .unwrap()
+        .as_primitive::<Float64Type>();
     assert_eq!(w.values().to_vec(), vec![1.0, 1.0]);
     assert_eq!(w.null_count(), 0);
 }

@@ -22,7 +22,13 @@ pub fn attributes(n: usize) -> RecordBatch {
         schema,
         vec![
             Arc::new(Int64Array::from_iter_values((0..n as i64).map(|i| i % 3))),
-            Arc::new(StringArray::from_iter_values((0..n).map(|i| if i % 5 == 0 { "val" } else { "train" }))),
+            Arc::new(StringArray::from_iter_values((0..n).map(|i| {
+                if i % 5 == 0 {
+                    "val"
+                } else {
+                    "train"
+                }
+            }))),
         ],
     )
     .unwrap()
@@ -61,7 +67,11 @@ fn every_codec_round_trips_across_many_shards() {
         let cache = write_cache(dir.path(), "rt", 500, options);
         assert!(cache.manifest().shard_bytes.len() > 3, "{codec:?}");
         for i in 0..500 {
-            assert_eq!(read(&cache, i as u64).unwrap(), payload(i), "{codec:?} record {i}");
+            assert_eq!(
+                read(&cache, i as u64).unwrap(),
+                payload(i),
+                "{codec:?} record {i}"
+            );
         }
         assert_eq!(cache.attributes().num_rows(), 500);
         assert_eq!(cache.attributes().schema().field(0).name(), "sample_id");
@@ -108,12 +118,18 @@ fn a_flipped_byte_is_reported_with_file_shard_and_offset() {
     let err = read(&cache, 9).unwrap_err();
     assert!(matches!(err, Error::Corrupt { .. }), "{err}");
     let msg = err.to_string();
-    assert!(msg.contains("shard-00000.drts") && msg.contains(&format!("offset {}", entry.offset)), "{msg}");
+    assert!(
+        msg.contains("shard-00000.drts") && msg.contains(&format!("offset {}", entry.offset)),
+        "{msg}"
+    );
 }
 
 #[test]
 fn out_of_range_samples_are_invalid_input() {
     let dir = tempfile::tempdir().unwrap();
     let cache = write_cache(dir.path(), "small", 4, WriterOptions::default());
-    assert!(matches!(read(&cache, 4).unwrap_err(), Error::InvalidInput(_)));
+    assert!(matches!(
+        read(&cache, 4).unwrap_err(),
+        Error::InvalidInput(_)
+    ));
 }

@@ -159,22 +159,165 @@ class Dataset:
         data, row = self._native.get(cache_id, sample_id)
         return Sample(data, cache_id, sample_id, row, self.get_metadata())
 
+    def loader(
+        self,
+        batch_size: int = 64,
+        *,
+        seed: int,
+        epoch: int = 0,
+        threads: int | None = None,
+        prefetch_bytes: int = 64 << 20,
+        prefetch_batches: int = 4,
+        drop_last: bool = False,
+    ) -> Loader:
+        """Batches of one epoch of ``len(self)`` weighted draws, read ahead natively.
+
+        Each batch costs one native call: payloads are read from the mapped
+        shards (checksums verified) by ``threads`` concurrent readers while
+        Python works on the previous batch, with at most ``prefetch_bytes`` of
+        decoded payloads (and ``prefetch_batches`` batches) buffered. The loader
+        keeps the snapshot that was active when it was created.
+        """
+        return Loader(
+            self,
+            batch_size=batch_size,
+            seed=seed,
+            epoch=epoch,
+            threads=threads,
+            prefetch_bytes=prefetch_bytes,
+            prefetch_batches=prefetch_batches,
+            drop_last=drop_last,
+        )
+
     def iter(self, seed: int, epoch: int = 0, *, batch_size: int = 256) -> Iterator[Sample]:
-        """One epoch of ``len(self)`` weighted draws with replacement.
+        """One epoch of ``len(self)`` weighted draws with replacement, sample by sample.
 
         Draw ``k`` of ``epoch`` depends only on ``(seed, epoch, k)`` and the
-        snapshot, so the same arguments repeat exactly. The iterator keeps the
-        snapshot that was active when it was created.
+        snapshot, so the same arguments repeat exactly. Reads go through the
+        same native loader as :meth:`loader`.
         """
-        seed = _check_seed(seed)
-        if not isinstance(epoch, int) or epoch < 0:
-            raise InvalidInputError(f"epoch must be a non-negative int, got {epoch!r}")
-        frame = self.get_metadata()
-        reader = self._native.draws(seed, epoch, 0, len(frame), batch_size)
-        return _samples(reader, frame)
+        loader = self.loader(batch_size, seed=seed, epoch=epoch)
+        return (sample for batch in loader for sample in batch)
+
+    def to_torch(self, batch_size: int = 64, *, seed: int, epoch: int = 0, **options: Any):
+        """A ``torch.utils.data.IterableDataset`` of batches; see :mod:`datasetrt.torch`."""
+        from .torch import TorchDataset
+
+        return TorchDataset(self, batch_size=batch_size, seed=seed, epoch=epoch, **options)
 
 
-def _samples(reader: Any, frame: pl.DataFrame) -> Iterator[Sample]:
-    for _snapshot, rows, cache_ids, sample_ids, payloads in reader:
-        for i, data in enumerate(payloads):
-            yield Sample(data, cache_ids[i], sample_ids[i], rows[i], frame)
+def check_epoch(epoch: object) -> int:
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise InvalidInputError(f"epoch must be a non-negative int, got {epoch!r}")
+    return epoch
+
+
+class Batch:
+    """One batch from a loader: columnar access plus lazily built samples.
+
+    ``data`` is the list of payloads; ``cache_id``/``sample_id``/``rows`` are
+    lists of ints (``rows`` index the loader's snapshot); ``metadata`` is a
+    polars DataFrame of the batch's rows, built on first access.
+    """
+
+    __slots__ = ("_frame", "_metadata", "cache_id", "data", "rows", "sample_id")
+
+    def __init__(
+        self,
+        rows: list[int],
+        cache_id: list[int],
+        sample_id: list[int],
+        data: list[bytes],
+        frame: pl.DataFrame,
+    ):
+        self.rows = rows
+        self.cache_id = cache_id
+        self.sample_id = sample_id
+        self.data = data
+        self._frame = frame
+        self._metadata: pl.DataFrame | None = None
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    @property
+    def metadata(self) -> pl.DataFrame:
+        if self._metadata is None:
+            self._metadata = self._frame[self.rows]
+        return self._metadata
+
+    def __iter__(self) -> Iterator[Sample]:
+        frame, cids, sids, rows = self._frame, self.cache_id, self.sample_id, self.rows
+        for i, data in enumerate(self.data):
+            yield Sample(data, cids[i], sids[i], rows[i], frame)
+
+    def __repr__(self) -> str:
+        return f"<datasetrt.Batch of {len(self)} samples>"
+
+
+class Loader:
+    """Iterator over :class:`Batch` objects; see :meth:`Dataset.loader`."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        batch_size: int,
+        seed: int,
+        epoch: int,
+        threads: int | None,
+        prefetch_bytes: int,
+        prefetch_batches: int,
+        drop_last: bool,
+        rank: int = 0,
+        world_size: int = 1,
+        worker: int = 0,
+        num_workers: int = 1,
+        start_block: int = 0,
+        snapshot: int | None = None,
+    ):
+        for name, value, low in (
+            ("batch_size", batch_size, 1),
+            ("prefetch_bytes", prefetch_bytes, 1),
+            ("prefetch_batches", prefetch_batches, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidInputError(f"{name} must be a positive int, got {value!r}")
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise InvalidInputError(f"threads must be a positive int or None, got {threads!r}")
+        if snapshot is None or snapshot == dataset.version:
+            self._frame = dataset.get_metadata()
+            snapshot = dataset.version
+        else:
+            self._frame = pl.DataFrame(dataset._native.metadata(snapshot))
+        self.snapshot = snapshot
+        self._native = dataset._native.loader(
+            _check_seed(seed),
+            check_epoch(epoch),
+            batch_size,
+            start_block=start_block,
+            drop_last=drop_last,
+            rank=rank,
+            world_size=world_size,
+            worker=worker,
+            num_workers=num_workers,
+            prefetch_bytes=prefetch_bytes,
+            prefetch_batches=prefetch_batches,
+            concurrency=threads,
+            snapshot=snapshot,
+        )
+
+    def __iter__(self) -> Loader:
+        return self
+
+    def __next__(self) -> Batch:
+        rows, cache_id, sample_id, data = next(self._native)
+        return Batch(rows, cache_id, sample_id, data, self._frame)
+
+    def explain(self) -> str:
+        """The loader's physical plan (``SampleExec → PayloadTakeExec``)."""
+        return self._native.explain()
+
+    def metrics(self) -> str:
+        """The plan with its metrics so far: rows, payload bytes, read time."""
+        return self._native.metrics()

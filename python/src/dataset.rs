@@ -3,17 +3,21 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use arrow::array::RecordBatch;
+use std::time::Duration;
+
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::{Int64Type, UInt32Type};
 use datasetrt::catalog::Snapshot;
+use datasetrt::load::{DrawPlan, Loader, Prefetch};
 use datasetrt::query::QuerySession;
-use datasetrt::{load, sample, Dataset, OpenOptions};
+use datasetrt::{Dataset, OpenOptions};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use pyo3_arrow::input::AnyRecordBatch;
 use pyo3_arrow::PyTable;
 
 use crate::error::{invalid, IntoPyResult};
-use crate::runtime::{detach, wait};
+use crate::runtime::{detach, runtime, wait};
 
 #[pyclass(frozen, module = "datasetrt._native", name = "Dataset")]
 pub struct PyDataset {
@@ -37,6 +41,13 @@ fn collect(data: AnyRecordBatch) -> PyResult<(arrow::datatypes::SchemaRef, Vec<R
 }
 
 impl PyDataset {
+    fn pinned(&self, snapshot: Option<u64>) -> PyResult<Arc<Snapshot>> {
+        match snapshot {
+            None => Ok(self.inner.snapshot()),
+            Some(n) => self.inner.snapshot_at(n).py(),
+        }
+    }
+
     fn publish(
         &self,
         py: Python<'_>,
@@ -111,9 +122,11 @@ impl PyDataset {
         self.inner.snapshot().num_rows()
     }
 
-    /// The active snapshot as an Arrow table over the mapped file (no copy).
-    fn metadata(&self) -> PyResult<PyTable> {
-        table(&self.inner.snapshot())
+    /// A snapshot (default: the active one) as an Arrow table over the mapped
+    /// file (no copy).
+    #[pyo3(signature = (snapshot=None))]
+    fn metadata(&self, snapshot: Option<u64>) -> PyResult<PyTable> {
+        table(&*self.pinned(snapshot)?)
     }
 
     /// Replace the population; returns the new snapshot number.
@@ -157,9 +170,8 @@ impl PyDataset {
     ) -> PyResult<(Bound<'py, PyBytes>, Option<usize>)> {
         let inner = self.inner.clone();
         let (bytes, row) = detach(py, move || -> datasetrt::Result<_> {
+            let out = inner.read(cache_id, sample_id)?;
             let pos = inner.cache_position(cache_id)?;
-            let mut out = Vec::new();
-            inner.read_into(cache_id, sample_id, &mut out)?;
             let row = inner
                 .snapshot()
                 .row_of(inner.caches(), pos, sample_id as u64);
@@ -169,84 +181,121 @@ impl PyDataset {
         Ok((PyBytes::new(py, &bytes), row))
     }
 
-    /// A reader over draws `start..stop` of `epoch` (weighted, with replacement),
+    /// Start a loader over this reader's share of one epoch of draws,
     /// pinned to the active snapshot.
-    #[pyo3(signature = (seed, epoch, start, stop, batch_size))]
-    fn draws(
+    #[pyo3(signature = (seed, epoch, batch_size, start_block=0, drop_last=false, rank=0, world_size=1,
+                        worker=0, num_workers=1, prefetch_bytes=64 << 20, prefetch_batches=4,
+                        concurrency=None, snapshot=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn loader(
         &self,
         seed: u64,
         epoch: u64,
-        start: u64,
-        stop: u64,
         batch_size: usize,
-    ) -> PyResult<PyDrawReader> {
-        if batch_size == 0 {
-            return Err(invalid("batch_size must be positive"));
-        }
-        Ok(PyDrawReader {
-            dataset: self.inner.clone(),
-            snapshot: self.inner.snapshot(),
+        start_block: u64,
+        drop_last: bool,
+        rank: u32,
+        world_size: u32,
+        worker: u32,
+        num_workers: u32,
+        prefetch_bytes: usize,
+        prefetch_batches: usize,
+        concurrency: Option<usize>,
+        snapshot: Option<u64>,
+    ) -> PyResult<PyLoader> {
+        let snapshot = self.pinned(snapshot)?;
+        let draws = DrawPlan {
             seed,
             epoch,
+            epoch_len: snapshot.num_rows() as u64,
             batch_size,
-            position: Mutex::new((start, stop)),
+            start_block,
+            drop_last,
+            rank,
+            world_size,
+            worker,
+            num_workers,
+        };
+        let mut prefetch = Prefetch {
+            bytes: prefetch_bytes,
+            batches: prefetch_batches,
+            ..Prefetch::default()
+        };
+        if let Some(c) = concurrency {
+            prefetch.concurrency = c;
+        }
+        let number = snapshot.number();
+        let rt = runtime()?;
+        let loader = Loader::start(rt.handle(), &self.inner, snapshot, draws, prefetch).py()?;
+        Ok(PyLoader {
+            inner: Mutex::new(loader),
+            snapshot: number,
         })
     }
 }
 
-/// Yields `(snapshot, rows, cache_ids, sample_ids, payloads)` per batch.
-#[pyclass(frozen, module = "datasetrt._native", name = "DrawReader")]
-pub struct PyDrawReader {
-    dataset: Arc<Dataset>,
-    snapshot: Arc<Snapshot>,
-    seed: u64,
-    epoch: u64,
-    batch_size: usize,
-    position: Mutex<(u64, u64)>,
+/// Yields `(rows, cache_ids, sample_ids, payloads)` per batch.
+#[pyclass(frozen, module = "datasetrt._native", name = "Loader")]
+pub struct PyLoader {
+    inner: Mutex<Loader>,
+    snapshot: u64,
 }
 
-type DrawBatch<'py> = (u64, Vec<u32>, Vec<i64>, Vec<i64>, Bound<'py, PyList>);
+type NativeBatch<'py> = (Vec<u32>, Vec<i64>, Vec<i64>, Bound<'py, PyList>);
 
 #[pymethods]
-impl PyDrawReader {
+impl PyLoader {
+    #[getter]
+    fn snapshot(&self) -> u64 {
+        self.snapshot
+    }
+
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
         slf
     }
 
-    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<DrawBatch<'py>>> {
-        let (start, count) = {
-            let mut pos = self.position.lock().unwrap_or_else(|p| p.into_inner());
-            if pos.0 >= pos.1 {
-                return Ok(None);
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<NativeBatch<'py>>> {
+        let rt = runtime()?;
+        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let loader: &mut Loader = &mut guard;
+        let next = loop {
+            let polled = py.detach(|| {
+                rt.block_on(async {
+                    tokio::time::timeout(Duration::from_millis(50), loader.next()).await
+                })
+            });
+            match polled {
+                Ok(next) => break next,
+                Err(_elapsed) => py.check_signals()?,
             }
-            let count = (pos.1 - pos.0).min(self.batch_size as u64);
-            let start = pos.0;
-            pos.0 += count;
-            (start, count as usize)
         };
-        let dataset = self.dataset.clone();
-        let snapshot = self.snapshot.clone();
-        let (seed, epoch) = (self.seed, self.epoch);
-        let (rows, payloads) = detach(py, move || -> datasetrt::Result<_> {
-            let rows = sample::weighted_draws(snapshot.alias_table(), seed, epoch, start, count);
-            let payloads = load::read_rows(&dataset, &snapshot, &rows)?;
-            Ok((rows, payloads))
-        })?
-        .py()?;
-        let ids = self.snapshot.cache_ids().values();
-        let samples = self.snapshot.sample_ids().values();
-        let cache_ids = rows.iter().map(|&r| ids[r as usize]).collect();
-        let sample_ids = rows.iter().map(|&r| samples[r as usize]).collect();
+        let Some(next) = next else { return Ok(None) };
+        let loaded = next.py()?;
+        let b = &loaded.batch;
+        let rows = b.column(1).as_primitive::<UInt32Type>().values().to_vec();
+        let cache_ids = b.column(2).as_primitive::<Int64Type>().values().to_vec();
+        let sample_ids = b.column(3).as_primitive::<Int64Type>().values().to_vec();
+        let data = b.column(4).as_binary::<i64>();
         let list = PyList::empty(py);
-        for i in 0..payloads.len() {
-            list.append(PyBytes::new(py, payloads.get(i)))?;
+        for v in data.iter() {
+            list.append(PyBytes::new(py, v.unwrap_or_default()))?;
         }
-        Ok(Some((
-            self.snapshot.number(),
-            rows,
-            cache_ids,
-            sample_ids,
-            list,
-        )))
+        Ok(Some((rows, cache_ids, sample_ids, list)))
+    }
+
+    /// The loader's physical plan, as EXPLAIN shows it.
+    fn explain(&self) -> String {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .explain()
+    }
+
+    /// The plan with its metrics so far (rows, payload bytes, read time).
+    fn metrics(&self) -> String {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .metrics()
     }
 }

@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<dataset::PyDataset>()?;
-    m.add_class::<dataset::PyDrawReader>()?;
+    m.add_class::<dataset::PyLoader>()?;
     m.add_class::<writer::PyCacheWriter>()?;
     Ok(())
 }

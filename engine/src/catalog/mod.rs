@@ -34,7 +34,7 @@ pub struct OpenOptions {
 /// Caches plus the active metadata snapshot.
 #[derive(Debug)]
 pub struct Dataset {
-    caches: Vec<Arc<Cache>>,
+    caches: Arc<[Arc<Cache>]>,
     snapshot_dir: PathBuf,
     active: RwLock<Arc<Snapshot>>,
 }
@@ -129,7 +129,7 @@ impl Dataset {
             }
         };
         Ok(Dataset {
-            caches,
+            caches: caches.into(),
             snapshot_dir,
             active: RwLock::new(Arc::new(snapshot)),
         })
@@ -150,6 +150,11 @@ impl Dataset {
     /// The caches of this dataset, sorted by `cache_id`.
     pub fn caches(&self) -> &[Arc<Cache>] {
         &self.caches
+    }
+
+    /// The caches as a shareable list (for plan nodes).
+    pub fn cache_set(&self) -> Arc<[Arc<Cache>]> {
+        self.caches.clone()
     }
 
     /// Position of `cache_id` in [`Dataset::caches`].
@@ -212,19 +217,28 @@ impl Dataset {
         Ok(snapshot)
     }
 
+    /// Snapshot `number`, without making it active.
+    pub fn snapshot_at(&self, number: u64) -> Result<Arc<Snapshot>> {
+        let active = self.snapshot();
+        if active.number() == number {
+            return Ok(active);
+        }
+        Ok(Arc::new(Snapshot::open(&self.snapshot_dir, number)?))
+    }
+
     /// Make an existing snapshot the active population.
     pub fn checkout(&self, number: u64) -> Result<Arc<Snapshot>> {
-        let snapshot = Arc::new(Snapshot::open(&self.snapshot_dir, number)?);
+        let snapshot = self.snapshot_at(number)?;
         *self.active.write().expect("snapshot lock") = snapshot.clone();
         Ok(snapshot)
     }
 
-    /// Append the payload of `(cache_id, sample_id)` to `out`, checksum verified.
-    pub fn read_into(&self, cache_id: i64, sample_id: i64, out: &mut Vec<u8>) -> Result<()> {
-        let cache = &self.caches[self.cache_position(cache_id)?];
-        let sample = u64::try_from(sample_id)
-            .map_err(|_| Error::invalid(format!("sample_id {sample_id} is negative")))?;
-        cache.read_into(sample, out, true)
+    /// The payload of one stored sample, checksum verified. Uses the same read
+    /// path as `PayloadTakeExec`.
+    pub fn read(&self, cache_id: i64, sample_id: i64) -> Result<Vec<u8>> {
+        self.cache_position(cache_id)?;
+        let data = crate::query::take::take_payloads(&self.caches, &[cache_id], &[sample_id], 1)?;
+        Ok(data.value(0).to_vec())
     }
 }
 

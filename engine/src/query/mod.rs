@@ -1,5 +1,8 @@
 //! DataFusion over the training population: table `metadata` is the active
-//! snapshot, served zero-copy from its mapped file.
+//! snapshot, served zero-copy from its mapped file; `PayloadTakeExec` turns
+//! identities into payload bytes.
+
+pub mod take;
 
 use std::sync::Arc;
 

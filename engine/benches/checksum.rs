@@ -1,0 +1,40 @@
+//! Is verifying a CRC-32C on every read affordable? Prints checksum throughput
+//! next to a plain memory copy of the same buffer (the floor of any read).
+//!
+//! cargo bench --workspace --bench checksum
+
+use std::hint::black_box;
+use std::time::Instant;
+
+fn gib_per_s(bytes: usize, mut f: impl FnMut()) -> f64 {
+    let mut best = f64::MAX;
+    for _ in 0..7 {
+        let t0 = Instant::now();
+        f();
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    bytes as f64 / best / (1u64 << 30) as f64
+}
+
+fn main() {
+    for size in [16usize, 4 << 10, 64 << 20] {
+        let buf: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
+        let reps = (256 << 20) / size;
+        let mut dst = vec![0u8; size];
+        let copy = gib_per_s(size * reps, || {
+            for _ in 0..reps {
+                dst.copy_from_slice(black_box(&buf));
+                black_box(&dst);
+            }
+        });
+        let crc = gib_per_s(size * reps, || {
+            for _ in 0..reps {
+                black_box(crc32c::crc32c(black_box(&buf)));
+            }
+        });
+        println!(
+            "{size:>9} B records: crc32c {crc:6.2} GiB/s, memcpy {copy:6.2} GiB/s, crc/memcpy {:.2}",
+            crc / copy
+        );
+    }
+}

@@ -1,0 +1,143 @@
+//! The loader is a query: `SampleExec → PayloadTakeExec`, driven by one task on
+//! the process-wide runtime, with read-ahead bounded in bytes and in batches.
+
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::display::DisplayableExecutionPlan;
+use datafusion::physical_plan::{displayable, ExecutionPlan};
+use futures::StreamExt;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+
+use super::draws::{DrawPlan, SampleExec};
+use crate::catalog::{Dataset, Snapshot};
+use crate::query::take::PayloadTakeExec;
+use crate::{Error, Result};
+
+/// Read-ahead limits and read concurrency.
+#[derive(Debug, Clone)]
+pub struct Prefetch {
+    /// Decoded payload bytes buffered ahead of the consumer (at least one batch
+    /// is always allowed, however large).
+    pub bytes: usize,
+    /// Batches buffered ahead of the consumer.
+    pub batches: usize,
+    /// Concurrent read groups per batch.
+    pub concurrency: usize,
+}
+
+impl Default for Prefetch {
+    fn default() -> Self {
+        Prefetch {
+            bytes: 64 << 20,
+            batches: 4,
+            concurrency: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        }
+    }
+}
+
+/// A batch delivered by the loader: `draw`, `row`, `cache_id`, `sample_id`,
+/// `data`. Holding it holds its share of the read-ahead budget.
+#[derive(Debug)]
+pub struct LoadedBatch {
+    pub batch: RecordBatch,
+    _budget: OwnedSemaphorePermit,
+}
+
+/// A running loader. Dropping it cancels the read-ahead.
+pub struct Loader {
+    plan: Arc<dyn ExecutionPlan>,
+    rx: mpsc::Receiver<Result<LoadedBatch>>,
+    task: JoinHandle<()>,
+}
+
+impl Loader {
+    /// The physical plan for `draws` over `snapshot`.
+    pub fn plan(
+        dataset: &Dataset,
+        snapshot: Arc<Snapshot>,
+        draws: DrawPlan,
+        concurrency: usize,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let source = Arc::new(SampleExec::try_new(snapshot, draws)?);
+        Ok(Arc::new(PayloadTakeExec::try_new(
+            source,
+            dataset.cache_set(),
+            concurrency,
+        )?))
+    }
+
+    /// Start reading ahead on `runtime`.
+    pub fn start(
+        runtime: &tokio::runtime::Handle,
+        dataset: &Dataset,
+        snapshot: Arc<Snapshot>,
+        draws: DrawPlan,
+        prefetch: Prefetch,
+    ) -> Result<Loader> {
+        if prefetch.bytes == 0 || prefetch.batches == 0 {
+            return Err(Error::invalid(
+                "prefetch_bytes and prefetch_batches must be positive",
+            ));
+        }
+        let budget = prefetch.bytes.min(u32::MAX as usize);
+        let plan = Self::plan(dataset, snapshot, draws, prefetch.concurrency)?;
+        let (tx, rx) = mpsc::channel(prefetch.batches);
+        let semaphore = Arc::new(Semaphore::new(budget));
+        let exec = plan.clone();
+        let task = runtime.spawn(async move {
+            let mut stream = match exec.execute(0, Arc::new(TaskContext::default())) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = tx.send(Err(e.into())).await;
+                    return;
+                }
+            };
+            while let Some(next) = stream.next().await {
+                let item = match next {
+                    Ok(batch) => {
+                        let bytes = batch.get_array_memory_size().clamp(1, budget);
+                        match semaphore.clone().acquire_many_owned(bytes as u32).await {
+                            Ok(permit) => Ok(LoadedBatch {
+                                batch,
+                                _budget: permit,
+                            }),
+                            Err(_) => return,
+                        }
+                    }
+                    Err(e) => Err(Error::from(e)),
+                };
+                let failed = item.is_err();
+                if tx.send(item).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Loader { plan, rx, task })
+    }
+
+    /// The next batch, `None` at the end of this reader's share of the epoch.
+    pub async fn next(&mut self) -> Option<Result<LoadedBatch>> {
+        self.rx.recv().await
+    }
+
+    /// The plan as `EXPLAIN` shows it.
+    pub fn explain(&self) -> String {
+        displayable(self.plan.as_ref()).indent(true).to_string()
+    }
+
+    /// The plan's metrics (rows, payload bytes, read time) so far.
+    pub fn metrics(&self) -> String {
+        DisplayableExecutionPlan::with_metrics(self.plan.as_ref())
+            .indent(true)
+            .to_string()
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

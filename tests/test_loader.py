@@ -1,0 +1,162 @@
+"""The loader: one native call per batch, the same global sequence however the
+work is split over processes, bounded read-ahead, errors that surface."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import datasetrt as drt
+from conftest import Source
+
+
+def identities(batches) -> list[tuple[int, int]]:
+    return [(c, s) for b in batches for c, s in zip(b.cache_id, b.sample_id, strict=True)]
+
+
+def test_batches_hold_the_written_bytes_and_the_active_rows(two_caches):
+    ds, _, sources = two_caches
+    by_id = {c["cache_id"]: next(s for s in sources if s.name == c["name"]) for c in ds.caches}
+    batches = list(ds.loader(batch_size=64, seed=3))
+    assert [len(b) for b in batches] == [64] * 12 + [32]
+    for b in batches:
+        assert b.data == [by_id[c].payload(s) for c, s in zip(b.cache_id, b.sample_id, strict=True)]
+        assert b.metadata["sample_id"].to_list() == b.sample_id
+    assert identities(batches) == [(s.cache_id, s.sample_id) for s in ds.iter(seed=3)]
+
+
+def test_drop_last_drops_the_partial_batch(two_caches):
+    ds, _, _ = two_caches
+    assert [len(b) for b in ds.loader(batch_size=300, seed=1, drop_last=True)] == [300, 300]
+
+
+def test_explain_shows_the_loader_plan(two_caches):
+    ds, _, _ = two_caches
+    loader = ds.loader(batch_size=16, seed=1, threads=2)
+    plan = loader.explain()
+    assert "PayloadTakeExec: caches=2, concurrency=2" in plan
+    assert "SampleExec: snapshot=0" in plan and "seed=1" in plan
+    assert plan.index("PayloadTakeExec") < plan.index("SampleExec")
+    sum(len(b) for b in loader)
+    metrics = loader.metrics()
+    assert "output_rows=800" in metrics and "payload_bytes=" in metrics
+
+
+def test_a_loader_keeps_its_snapshot(two_caches):
+    ds, _, _ = two_caches
+    loader = ds.loader(batch_size=100, seed=1)
+    ds.update_metadata(ds.get_metadata().head(5))
+    assert sum(len(b) for b in loader) == 800
+    assert sum(len(b) for b in ds.loader(batch_size=100, seed=1)) == 5
+
+
+def _read_part(ds, worker, workers, out):
+    """Child process: read this worker's share; report identities or the error."""
+    try:
+        loader = drt.dataset.Loader(
+            ds,
+            batch_size=32,
+            seed=9,
+            epoch=2,
+            threads=1,
+            prefetch_bytes=1 << 20,
+            prefetch_batches=2,
+            drop_last=False,
+            worker=worker,
+            num_workers=workers,
+        )
+        out.put((worker, [(b.cache_id, b.sample_id) for b in loader], None))
+    except Exception as exc:  # the parent asserts on the type and message
+        out.put((worker, None, (type(exc).__name__, str(exc))))
+
+
+def run_workers(ds, method: str, workers: int) -> dict[int, list]:
+    ctx = mp.get_context(method)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_read_part, args=(ds, w, workers, out)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    results = {}
+    for _ in procs:
+        worker, parts, error = out.get(timeout=120)
+        results[worker] = parts if error is None else error
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return results
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+@pytest.mark.parametrize("workers", [1, 3])
+def test_worker_processes_split_one_global_sequence(two_caches, method, workers):
+    ds, _, _ = two_caches
+    ds.update_metadata(ds.get_metadata().head(700))  # workers must see this snapshot
+    single = [
+        list(zip(b.cache_id, b.sample_id, strict=True))
+        for b in ds.loader(batch_size=32, seed=9, epoch=2)
+    ]
+    results = run_workers(ds, method, workers)
+    # round-robin over workers restores the global order, batch by batch
+    merged = []
+    for i in range(len(single)):
+        cids, sids = results[i % workers][i // workers]
+        merged.append(list(zip(cids, sids, strict=True)))
+    assert merged == single
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_a_corrupt_record_surfaces_from_a_worker(tmp_path, method):
+    src = Source("fragile-v1", 64, payload=lambda i: bytes([i]) * 512)
+    ds = drt.build(tmp_path, [src], codec="none", progress=False)
+    meta = ds.get_metadata()
+    ds.update_metadata(pl.concat([meta.filter(pl.col("sample_id") == 40)] * 64))
+    shard = tmp_path / "fragile-v1" / "shard-00000.drts"
+    raw = bytearray(shard.read_bytes())
+    raw[16 + 512 * 40 + 3] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    results = run_workers(drt.open(tmp_path), method, 2)
+    errors = [r for r in results.values() if isinstance(r, tuple)]
+    assert len(errors) == 2, results
+    name, message = errors[0]
+    assert name == "CorruptCacheError"
+    assert "sample 40" in message and "shard-00000.drts" in message
+
+
+def _rss_anon_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def test_read_ahead_stays_within_its_byte_budget_with_4_mib_payloads(tmp_path):
+    mib = 1 << 20
+    src = Source("large-v1", 48, payload=lambda i: bytes([i % 256]) * (4 * mib))
+    ds = drt.build(tmp_path, [src], codec="none", progress=False)
+    budget = 16 * mib
+    base = _rss_anon_kib()
+    peak = base
+    total = 0
+    loader = ds.loader(batch_size=2, seed=0, prefetch_bytes=budget, prefetch_batches=64)
+    for i, batch in enumerate(loader):
+        if i == 0:
+            time.sleep(0.5)  # let the read-ahead fill up to its budget
+        peak = max(peak, _rss_anon_kib())
+        total += sum(len(d) for d in batch.data)
+        del batch
+    assert total == 48 * 4 * mib
+    grown = (peak - base) * 1024
+    # budget + the batch being read + the batch held by Python (as bytes objects, twice)
+    assert grown < budget + 4 * 8 * mib, f"anonymous memory grew by {grown / mib:.0f} MiB"
+
+
+def test_the_dataset_pickles_into_workers_at_its_snapshot(two_caches):
+    ds, _, _ = two_caches
+    ds.update_metadata(ds.get_metadata().head(10))
+    clone = pickle.loads(pickle.dumps(ds))
+    assert len(clone) == 10

@@ -234,3 +234,36 @@ def test_update_accepts_any_arrow_stream_and_lazy_frames(two_caches):
     assert len(ds) == 5
     ds.update_metadata(ds.get_metadata().lazy().head(2))
     assert len(ds) == 2
+
+
+def test_a_reweight_stores_only_the_new_weight_column(two_caches):
+    ds, _, _ = two_caches
+    columns = ds.snapshot_path.parent / "columns"
+    before = set(columns.iterdir())
+    meta = ds.get_metadata()
+    ds.update_metadata(meta.with_columns((1.0 / pl.len().over("label")).alias("weight")))
+    added = set(columns.iterdir()) - before
+    assert len(added) == 1
+    ds.update_metadata(meta.with_columns(pl.lit("x").alias("tag")))
+    assert len(set(columns.iterdir()) - before) == 2  # the tag column; weight 1.0 exists
+
+
+def test_history_names_each_snapshot_and_fingerprints_identify_populations(two_caches):
+    ds, _, _ = two_caches
+    first = ds.fingerprint
+    ds.update_metadata(ds.get_metadata().head(10))
+    ds.select("SELECT * FROM metadata WHERE label = 3")
+    assert ds.fingerprint != first
+    history = ds.history()
+    assert history["version"].to_list() == [0, 1, 2]
+    assert history["rows"].to_list() == [800, 10, 1]
+    assert history["note"].to_list() == [
+        "every stored sample",
+        "update_metadata",
+        "select: SELECT * FROM metadata WHERE label = 3",
+    ]
+    assert history["fingerprint"][0] == first
+    ds.checkout(0)
+    assert ds.fingerprint == first and len(ds) == 800
+    ds.update_metadata(ds.get_metadata())
+    assert ds.version == 3 and ds.fingerprint == first

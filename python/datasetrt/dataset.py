@@ -94,9 +94,18 @@ class Dataset:
         return self._native.snapshot
 
     @property
+    def fingerprint(self) -> str:
+        """Content fingerprint of the active population (log it with a training run)."""
+        return self._native.fingerprint
+
+    @property
     def snapshot_path(self) -> Path:
-        """The Arrow IPC file of the active snapshot."""
+        """The manifest file of the active snapshot."""
         return Path(self._native.snapshot_path)
+
+    def history(self) -> pl.DataFrame:
+        """Every snapshot on disk: version, created_unix_ms, rows, fingerprint, note."""
+        return pl.DataFrame(self._native.history())
 
     @property
     def caches(self) -> list[dict[str, Any]]:

@@ -53,12 +53,13 @@ impl PyDataset {
         py: Python<'_>,
         schema: arrow::datatypes::SchemaRef,
         batches: Vec<RecordBatch>,
+        note: String,
     ) -> PyResult<u64> {
         let _guard = self.writes.lock().unwrap_or_else(|p| p.into_inner());
         let inner = self.inner.clone();
         let query = self.query.clone();
         detach(py, move || {
-            let snapshot = inner.update(&schema, &batches)?;
+            let snapshot = inner.update(&schema, &batches, &note)?;
             query.set_snapshot(&snapshot)?;
             Ok(snapshot.number())
         })?
@@ -118,6 +119,36 @@ impl PyDataset {
         self.inner.snapshot_numbers().py()
     }
 
+    #[getter]
+    fn fingerprint(&self) -> String {
+        self.inner.snapshot().fingerprint().to_string()
+    }
+
+    /// One dict per snapshot on disk, oldest first: version, created_unix_ms,
+    /// rows, fingerprint, note.
+    fn history<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let inner = self.inner.clone();
+        let snapshots = detach(py, move || -> datasetrt::Result<Vec<_>> {
+            inner
+                .snapshot_numbers()?
+                .into_iter()
+                .map(|n| inner.snapshot_at(n))
+                .collect()
+        })?
+        .py()?;
+        let list = PyList::empty(py);
+        for s in snapshots {
+            let d = PyDict::new(py);
+            d.set_item("version", s.number())?;
+            d.set_item("created_unix_ms", s.created_unix_ms())?;
+            d.set_item("rows", s.num_rows())?;
+            d.set_item("fingerprint", s.fingerprint())?;
+            d.set_item("note", s.note())?;
+            list.append(d)?;
+        }
+        Ok(list)
+    }
+
     fn __len__(&self) -> usize {
         self.inner.snapshot().num_rows()
     }
@@ -130,9 +161,10 @@ impl PyDataset {
     }
 
     /// Replace the population; returns the new snapshot number.
-    fn update(&self, py: Python<'_>, data: AnyRecordBatch) -> PyResult<u64> {
+    #[pyo3(signature = (data, note="update_metadata".to_string()))]
+    fn update(&self, py: Python<'_>, data: AnyRecordBatch, note: String) -> PyResult<u64> {
         let (schema, batches) = collect(data)?;
-        self.publish(py, schema, batches)
+        self.publish(py, schema, batches, note)
     }
 
     fn sql(&self, py: Python<'_>, query: String) -> PyResult<PyTable> {
@@ -144,8 +176,9 @@ impl PyDataset {
     /// Set the population to the result of `query`; returns the snapshot number.
     fn select(&self, py: Python<'_>, query: String) -> PyResult<u64> {
         let session = self.query.clone();
+        let note = format!("select: {query}");
         let (schema, batches) = wait(py, async move { session.sql(&query).await })?.py()?;
-        self.publish(py, schema, batches)
+        self.publish(py, schema, batches, note)
     }
 
     fn checkout(&self, py: Python<'_>, number: u64) -> PyResult<u64> {

@@ -14,7 +14,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
 pub use snapshot::Snapshot;
 
-use crate::store::{fs, ipc, Cache};
+use crate::store::Cache;
 use crate::{Error, Result};
 
 /// Columns DatasetRT owns: source metadata may not use these keys.
@@ -125,7 +125,8 @@ impl Dataset {
             Some(&n) => Snapshot::open(&snapshot_dir, n)?,
             None => {
                 let initial = initial_population(&caches)?;
-                publish(&snapshot_dir, &initial.schema(), &initial, 0)?
+                snapshot::publish(&snapshot_dir, &initial, 0, "every stored sample", false)?;
+                Snapshot::open(&snapshot_dir, 0)?
             }
         };
         Ok(Dataset {
@@ -185,34 +186,20 @@ impl Dataset {
     }
 
     /// Validate `batches` as the new population and publish it as the next
-    /// snapshot. A rejected update changes nothing.
-    pub fn update(&self, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Arc<Snapshot>> {
+    /// snapshot; `note` records what made it. A rejected update changes nothing.
+    pub fn update(
+        &self,
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+        note: &str,
+    ) -> Result<Arc<Snapshot>> {
         let batch = validate::validate_update(&self.caches, schema, batches)?;
         let mut active = self.active.write().expect("snapshot lock");
-        let mut next = Self::list_in(&self.snapshot_dir)?
+        let next = Self::list_in(&self.snapshot_dir)?
             .last()
             .map_or(0, |n| n + 1);
-        let tmp = ipc::write_temp(
-            &self.snapshot_dir.join(Snapshot::file_name(next)),
-            &batch.schema(),
-            std::slice::from_ref(&batch),
-        )?;
-        // Another process may publish the same number first: take the next one.
-        loop {
-            let path = self.snapshot_dir.join(Snapshot::file_name(next));
-            let linked = std::fs::hard_link(&tmp, &path);
-            match linked {
-                Ok(()) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => next += 1,
-                Err(e) => {
-                    let _ = std::fs::remove_file(&tmp);
-                    return Err(Error::io(&path)(e));
-                }
-            }
-        }
-        let _ = std::fs::remove_file(&tmp);
-        fs::sync_dir(&self.snapshot_dir)?;
-        let snapshot = Arc::new(Snapshot::open(&self.snapshot_dir, next)?);
+        let number = snapshot::publish(&self.snapshot_dir, &batch, next, note, true)?;
+        let snapshot = Arc::new(Snapshot::open(&self.snapshot_dir, number)?);
         *active = snapshot.clone();
         Ok(snapshot)
     }
@@ -240,14 +227,6 @@ impl Dataset {
         let data = crate::query::take::take_payloads(&self.caches, &[cache_id], &[sample_id], 1)?;
         Ok(data.value(0).to_vec())
     }
-}
-
-/// Write snapshot `number` unless it exists; return whichever is on disk.
-fn publish(dir: &Path, schema: &SchemaRef, batch: &RecordBatch, number: u64) -> Result<Snapshot> {
-    let path = dir.join(Snapshot::file_name(number));
-    let tmp = ipc::write_temp(&path, schema, std::slice::from_ref(batch))?;
-    fs::publish_no_replace(&tmp, &path)?;
-    Snapshot::open(dir, number)
 }
 
 /// Snapshot 0: every stored sample of every cache with weight 1.0. Columns

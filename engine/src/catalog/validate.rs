@@ -69,6 +69,18 @@ pub fn validate_update(
             "empty metadata update: a population needs at least one row (nothing was changed)",
         ));
     }
+    let mut seen = std::collections::HashSet::new();
+    for field in schema.fields() {
+        let name = field.name();
+        if name.is_empty() || name.chars().any(char::is_control) {
+            return Err(Error::invalid(format!(
+                "column name {name:?} is empty or has control characters"
+            )));
+        }
+        if !seen.insert(name.as_str()) {
+            return Err(Error::invalid(format!("column {name:?} appears twice")));
+        }
+    }
     let batch = match batches {
         [one] => one.clone(),
         _ => concat_batches(schema, batches)?,

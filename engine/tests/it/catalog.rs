@@ -55,7 +55,7 @@ fn updates_publish_numbered_snapshots_and_reopen_finds_the_newest() {
     let (dir, ds) = two_caches();
     let a = ds.caches()[0].id();
     let batch = frame(vec![a, a, a], vec![1, 1, 2], vec![0.5, 0.5, 2.0]);
-    let snap = ds.update(&batch.schema(), &[batch]).unwrap();
+    let snap = ds.update(&batch.schema(), &[batch], "test").unwrap();
     assert_eq!(snap.number(), 1);
     assert_eq!(ds.snapshot_numbers().unwrap(), vec![0, 1]);
     let again = Dataset::open(&[dir.path().to_path_buf()], OpenOptions::default()).unwrap();
@@ -82,7 +82,7 @@ fn rejected_updates_change_nothing() {
         frame(vec![], vec![], vec![]),
     ];
     for batch in cases {
-        let err = ds.update(&batch.schema(), &[batch]).unwrap_err();
+        let err = ds.update(&batch.schema(), &[batch], "test").unwrap_err();
         assert!(matches!(err, Error::InvalidInput(_)), "{err}");
     }
     assert_eq!(ds.snapshot().number(), 0);
@@ -105,7 +105,7 @@ fn narrow_integer_identities_are_widened_and_weight_defaults_to_one() {
         ],
     )
     .unwrap();
-    let snap = ds.update(&schema, &[batch]).unwrap();
+    let snap = ds.update(&schema, &[batch], "test").unwrap();
     let s = snap.batch();
     assert_eq!(
         s.column_by_name("sample_id")

@@ -3,9 +3,9 @@
 //! shards.
 //!
 //! Per input batch it looks up every index entry, sorts the addresses by
-//! (cache, shard, offset) for locality, reads them in up to `concurrency`
-//! groups on the blocking pool (checksums verified, records decoded), and
-//! restores input order. `execute()` does no I/O; dropping the stream cancels
+//! (cache, shard, offset) for locality, and reads them in up to `concurrency`
+//! groups (checksums verified, records decoded) straight into their places in
+//! input order. `execute()` does no I/O; dropping the stream cancels
 //! the work that has not started.
 
 use std::fmt;
@@ -29,7 +29,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use crate::store::Cache;
+use crate::store::{Cache, IndexEntry};
 use crate::{Error, Result};
 
 /// Name of the payload column the node appends.
@@ -39,108 +39,94 @@ pub const DATA_COLUMN: &str = "data";
 const MIN_ROWS_PER_GROUP: usize = 32;
 
 /// Decoded payloads of a list of `(cache_id, sample_id)`, in input order.
+///
+/// Index entries are read first, so every payload's size is known: the output
+/// buffer is allocated once and each record is decoded straight into its final
+/// place. Reads are sorted by (cache, shard, offset) for locality and split
+/// into up to `concurrency` groups that run on scoped threads.
 pub fn take_payloads(
     caches: &[Arc<Cache>],
     cache_ids: &[i64],
     sample_ids: &[i64],
     concurrency: usize,
 ) -> Result<LargeBinaryArray> {
-    let groups = plan_groups(caches, cache_ids, sample_ids, concurrency)?;
-    let parts = groups
-        .into_iter()
-        .map(|g| read_group(caches, g))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(assemble(cache_ids.len(), parts))
-}
-
-/// One group of reads: (input position, cache position, sample id), sorted by address.
-type Group = Vec<(u32, u32, u64)>;
-
-/// One group's output: the decoded bytes and, per read, (input position, start, end).
-struct GroupOutput {
-    bytes: Vec<u8>,
-    spans: Vec<(u32, usize, usize)>,
-}
-
-fn plan_groups(
-    caches: &[Arc<Cache>],
-    cache_ids: &[i64],
-    sample_ids: &[i64],
-    concurrency: usize,
-) -> Result<Vec<Group>> {
-    let mut addrs: Vec<(u32, u32, u64, u64)> = Vec::with_capacity(cache_ids.len());
+    let n = cache_ids.len();
+    let mut reads: Vec<Read> = Vec::with_capacity(n);
+    let mut offsets: Vec<i64> = Vec::with_capacity(n + 1);
+    offsets.push(0);
     let mut pos = 0usize;
     for (i, (&cid, &sid)) in cache_ids.iter().zip(sample_ids).enumerate() {
         if caches.get(pos).map(|c| c.id()) != Some(cid) {
             pos = caches.binary_search_by_key(&cid, |c| c.id()).map_err(|_| {
-                Error::invalid(format!(
-                    "row {i}: cache_id {cid} is not a cache of this dataset"
-                ))
+                Error::invalid(format!("row {i}: cache_id {cid} is not a cache of this dataset"))
             })?;
         }
         let sample = u64::try_from(sid)
             .map_err(|_| Error::invalid(format!("row {i}: sample_id {sid} is negative")))?;
         let entry = caches[pos].entry(sample)?;
-        addrs.push((pos as u32, entry.shard, entry.offset, sample));
+        offsets.push(offsets[i] + entry.raw_len as i64);
+        reads.push(Read {
+            cache: pos as u32,
+            sample,
+            entry,
+        });
     }
-    let mut order: Vec<u32> = (0..addrs.len() as u32).collect();
-    order.sort_unstable_by_key(|&i| {
-        let (c, s, o, _) = addrs[i as usize];
-        (c, s, o)
-    });
-    let n = order.len();
-    let groups = concurrency
-        .max(1)
-        .min(n.div_ceil(MIN_ROWS_PER_GROUP))
-        .max(1);
+    let total = offsets[n] as usize;
+    let mut values = vec![0u8; total];
+
+    // One output slice per row, in input order, then grouped in address order.
+    let mut slices: Vec<Option<&mut [u8]>> = Vec::with_capacity(n);
+    let mut rest: &mut [u8] = &mut values;
+    for r in &reads {
+        let (head, tail) = rest.split_at_mut(r.entry.raw_len as usize);
+        slices.push(Some(head));
+        rest = tail;
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_unstable_by_key(|&i| (reads[i].cache, reads[i].entry.shard, reads[i].entry.offset));
+    let groups = concurrency.max(1).min(n.div_ceil(MIN_ROWS_PER_GROUP)).max(1);
     let per = n.div_ceil(groups).max(1);
-    Ok(order
+    let mut work: Vec<Vec<(&Read, &mut [u8])>> = order
         .chunks(per)
         .map(|chunk| {
             chunk
                 .iter()
-                .map(|&i| (i, addrs[i as usize].0, addrs[i as usize].3))
+                .map(|&i| (&reads[i], slices[i].take().expect("each row once")))
                 .collect()
         })
-        .collect())
-}
-
-fn read_group(caches: &[Arc<Cache>], group: Group) -> Result<GroupOutput> {
-    let mut out = GroupOutput {
-        bytes: Vec::new(),
-        spans: Vec::with_capacity(group.len()),
-    };
-    for (input, cache, sample) in group {
-        let start = out.bytes.len();
-        caches[cache as usize].read_into(sample, &mut out.bytes, true)?;
-        out.spans.push((input, start, out.bytes.len()));
-    }
-    Ok(out)
-}
-
-fn assemble(rows: usize, parts: Vec<GroupOutput>) -> LargeBinaryArray {
-    let mut where_: Vec<(u32, u32)> = vec![(0, 0); rows]; // (part, span index)
-    let mut total = 0usize;
-    for (p, part) in parts.iter().enumerate() {
-        for (k, &(input, start, end)) in part.spans.iter().enumerate() {
-            where_[input as usize] = (p as u32, k as u32);
-            total += end - start;
+        .collect();
+    let run = |group: Vec<(&Read, &mut [u8])>| -> Result<()> {
+        for (r, out) in group {
+            caches[r.cache as usize].read_entry(r.sample, &r.entry, out, true)?;
         }
+        Ok(())
+    };
+    if work.len() <= 1 {
+        work.pop().map_or(Ok(()), run)?;
+    } else {
+        std::thread::scope(|scope| {
+            let last = work.pop().expect("several groups");
+            let handles: Vec<_> = work.into_iter().map(|g| scope.spawn(|| run(g))).collect();
+            let mut result = run(last);
+            for h in handles {
+                let r = h.join().unwrap_or_else(|_| Err(Error::invalid("payload read thread panicked")));
+                result = result.and(r);
+            }
+            result
+        })?;
     }
-    let mut values = Vec::with_capacity(total);
-    let mut offsets = Vec::with_capacity(rows + 1);
-    offsets.push(0i64);
-    for &(p, k) in &where_ {
-        let part = &parts[p as usize];
-        let (_, start, end) = part.spans[k as usize];
-        values.extend_from_slice(&part.bytes[start..end]);
-        offsets.push(values.len() as i64);
-    }
-    LargeBinaryArray::new(
+    Ok(LargeBinaryArray::new(
         OffsetBuffer::new(ScalarBuffer::from(offsets)),
         Buffer::from_vec(values),
         None,
-    )
+    ))
+}
+
+/// One record to read: where it is and how it is stored.
+struct Read {
+    cache: u32,
+    sample: u64,
+    entry: IndexEntry,
 }
 
 /// Output schema: the input's fields plus a non-null `data` column.
@@ -232,22 +218,9 @@ async fn take_batch(
     let timer = metrics.read_time.timer();
     let cache_ids = column_i64(&batch, "cache_id")?;
     let sample_ids = column_i64(&batch, "sample_id")?;
-    let groups = plan_groups(&caches, &cache_ids, &sample_ids, concurrency)?;
-    let handles: Vec<_> = groups
-        .into_iter()
-        .map(|g| {
-            let caches = caches.clone();
-            tokio::task::spawn_blocking(move || read_group(&caches, g))
-        })
-        .collect();
-    let mut parts = Vec::with_capacity(handles.len());
-    for h in handles {
-        let part = h
-            .await
-            .map_err(|e| DataFusionError::Execution(format!("payload read task failed: {e}")))??;
-        parts.push(part);
-    }
-    let data = assemble(batch.num_rows(), parts);
+    let data = tokio::task::spawn_blocking(move || take_payloads(&caches, &cache_ids, &sample_ids, concurrency))
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("payload read task failed: {e}")))??;
     metrics.rows.add(batch.num_rows());
     metrics.bytes.add(data.values().len());
     timer.done();

@@ -111,25 +111,18 @@ thread_local! {
     static ZSTD_DECODER: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
 }
 
-/// Decode `stored` (written with `codec`) into `out`, which receives exactly
-/// `raw_len` more bytes. Errors are returned as plain text for the caller to
-/// wrap with the file, shard and offset.
-pub fn decompress_into(
-    codec: Codec,
-    stored: &[u8],
-    raw_len: usize,
-    out: &mut Vec<u8>,
-) -> std::result::Result<(), String> {
-    match codec {
+/// Decode `stored` (written with `codec`) into `out`, whose length must be
+/// the record's raw length. Errors are returned as plain text for the caller
+/// to wrap with the file, shard and offset.
+pub fn decode_into(codec: Codec, stored: &[u8], out: &mut [u8]) -> std::result::Result<(), String> {
+    let raw_len = out.len();
+    let n = match codec {
         Codec::None => {
             if stored.len() != raw_len {
-                return Err(format!(
-                    "raw record has {} bytes, index says {raw_len}",
-                    stored.len()
-                ));
+                return Err(format!("raw record has {} bytes, index says {raw_len}", stored.len()));
             }
-            out.extend_from_slice(stored);
-            Ok(())
+            out.copy_from_slice(stored);
+            raw_len
         }
         Codec::Zstd => ZSTD_DECODER.with(|cell| {
             let mut slot = cell.borrow_mut();
@@ -137,37 +130,31 @@ pub fn decompress_into(
                 *slot = Some(zstd::bulk::Decompressor::new().map_err(|e| e.to_string())?);
             }
             let dec = slot.as_mut().expect("decoder just set");
-            let start = out.len();
-            out.resize(start + raw_len, 0);
-            match dec.decompress_to_buffer(stored, &mut out[start..]) {
-                Ok(n) if n == raw_len => {}
-                Ok(n) => {
-                    out.truncate(start);
-                    return Err(format!("zstd gave {n} bytes, index says {raw_len}"));
-                }
-                Err(e) => {
-                    out.truncate(start);
-                    return Err(format!("zstd: {e}"));
-                }
-            }
-            Ok(())
-        }),
-        Codec::Lz4 => {
-            let start = out.len();
-            out.resize(start + raw_len, 0);
-            match lz4_flex::block::decompress_into(stored, &mut out[start..]) {
-                Ok(n) if n == raw_len => Ok(()),
-                Ok(n) => {
-                    out.truncate(start);
-                    Err(format!("lz4 gave {n} bytes, index says {raw_len}"))
-                }
-                Err(e) => {
-                    out.truncate(start);
-                    Err(format!("lz4: {e}"))
-                }
-            }
-        }
+            dec.decompress_to_buffer(stored, out).map_err(|e| format!("zstd: {e}"))
+        })?,
+        Codec::Lz4 => lz4_flex::block::decompress_into(stored, out).map_err(|e| format!("lz4: {e}"))?,
+    };
+    if n != raw_len {
+        return Err(format!("{} gave {n} bytes, index says {raw_len}", codec.name()));
     }
+    Ok(())
+}
+
+/// Like [`decode_into`], appending `raw_len` bytes to `out`; on error `out`
+/// is left as it was.
+pub fn decompress_into(
+    codec: Codec,
+    stored: &[u8],
+    raw_len: usize,
+    out: &mut Vec<u8>,
+) -> std::result::Result<(), String> {
+    let start = out.len();
+    out.resize(start + raw_len, 0);
+    let result = decode_into(codec, stored, &mut out[start..]);
+    if result.is_err() {
+        out.truncate(start);
+    }
+    result
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use arrow::array::RecordBatch;
 use arrow::compute::concat_batches;
 use memmap2::Mmap;
 
-use super::codec::decompress_into;
+use super::codec::decode_into;
 use super::format::{
     check_index, check_shard_header, shard_file_name, IndexEntry, ATTRIBUTES_FILE, INDEX_ENTRY_LEN,
     INDEX_FILE, INDEX_HEADER_LEN, MANIFEST_FILE,
@@ -183,15 +183,23 @@ impl Cache {
     /// Append the decoded bytes of record `sample_id` to `out`, verifying its
     /// checksum first when `verify` is set.
     pub fn read_into(&self, sample_id: u64, out: &mut Vec<u8>, verify: bool) -> Result<()> {
-        let e = self.entry(sample_id)?;
+        let entry = self.entry(sample_id)?;
+        let start = out.len();
+        out.resize(start + entry.raw_len as usize, 0);
+        let result = self.read_entry(sample_id, &entry, &mut out[start..], verify);
+        if result.is_err() {
+            out.truncate(start);
+        }
+        result
+    }
+
+    /// Decode the record `entry` (of `sample_id`) into `out`, which must be
+    /// `entry.raw_len` bytes long, verifying its checksum first when `verify`.
+    pub fn read_entry(&self, sample_id: u64, e: &IndexEntry, out: &mut [u8], verify: bool) -> Result<()> {
         let (path, shard) = self.shards.get(e.shard as usize).ok_or_else(|| {
             Error::corrupt(
                 &self.index_path,
-                format!(
-                    "sample {sample_id} points at shard {} of {}",
-                    e.shard,
-                    self.shards.len()
-                ),
+                format!("sample {sample_id} points at shard {} of {}", e.shard, self.shards.len()),
             )
         })?;
         let start = e.offset as usize;
@@ -221,14 +229,8 @@ impl Cache {
                 ));
             }
         }
-        decompress_into(e.codec, stored, e.raw_len as usize, out).map_err(|detail| {
-            Error::corrupt(
-                path,
-                format!(
-                    "sample {sample_id} at shard {} offset {start}: {detail}",
-                    e.shard
-                ),
-            )
+        decode_into(e.codec, stored, out).map_err(|detail| {
+            Error::corrupt(path, format!("sample {sample_id} at shard {} offset {start}: {detail}", e.shard))
         })
     }
 }

@@ -35,6 +35,8 @@ pub struct Snapshot {
     created_unix_ms: u64,
     rows_by_sample: OnceLock<Vec<Vec<u32>>>,
     alias: OnceLock<AliasTable>,
+    /// Content hash of the weight column (names the shared alias table file).
+    weight_hash: String,
 }
 
 pub const NO_ROW: u32 = u32::MAX;
@@ -218,6 +220,7 @@ impl Snapshot {
         let mut fingerprint_line = String::new();
         let mut fields = Vec::new();
         let mut columns = Vec::new();
+        let mut weight_hash = String::new();
         for line in text[..split].lines().skip(1) {
             let (key, value) = line
                 .split_once('=')
@@ -240,6 +243,9 @@ impl Snapshot {
                         }
                     };
                     let field = schema.field(0);
+                    if name == "weight" {
+                        weight_hash = hash.to_string();
+                    }
                     fields.push(Field::new(
                         name,
                         field.data_type().clone(),
@@ -282,6 +288,7 @@ impl Snapshot {
             created_unix_ms,
             rows_by_sample: OnceLock::new(),
             alias: OnceLock::new(),
+            weight_hash,
         })
     }
 
@@ -343,11 +350,20 @@ impl Snapshot {
             .as_primitive::<Float64Type>()
     }
 
-    /// Alias table over the weights, built once per snapshot.
-    pub fn alias_table(&self) -> &AliasTable {
-        self.alias.get_or_init(|| {
-            AliasTable::new(self.weights().values()).expect("weights validated on update")
-        })
+    /// Alias table over the weights: built once per weight column, stored next
+    /// to the column files and mapped (shared by every process).
+    pub fn alias_table(&self) -> Result<&AliasTable> {
+        if let Some(table) = self.alias.get() {
+            return Ok(table);
+        }
+        let dir = self
+            .path
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join(COLUMNS_DIR);
+        let path = dir.join(format!("{}.alias", self.weight_hash));
+        let table = AliasTable::load_or_build(&path, self.weights().values())?;
+        Ok(self.alias.get_or_init(|| table))
     }
 
     /// The first row of `(cache position, sample_id)` in this population, if any.

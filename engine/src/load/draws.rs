@@ -102,7 +102,7 @@ pub fn draws_schema() -> SchemaRef {
 fn draw_block(snapshot: &Snapshot, plan: &DrawPlan, b: u64) -> DfResult<RecordBatch> {
     let (start, end) = plan.block_range(b);
     let rows = weighted_draws(
-        snapshot.alias_table(),
+        snapshot.alias_table()?,
         plan.seed,
         plan.epoch,
         start,

@@ -58,7 +58,9 @@ pub fn take_payloads(
     for (i, (&cid, &sid)) in cache_ids.iter().zip(sample_ids).enumerate() {
         if caches.get(pos).map(|c| c.id()) != Some(cid) {
             pos = caches.binary_search_by_key(&cid, |c| c.id()).map_err(|_| {
-                Error::invalid(format!("row {i}: cache_id {cid} is not a cache of this dataset"))
+                Error::invalid(format!(
+                    "row {i}: cache_id {cid} is not a cache of this dataset"
+                ))
             })?;
         }
         let sample = u64::try_from(sid)
@@ -84,7 +86,10 @@ pub fn take_payloads(
     }
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_unstable_by_key(|&i| (reads[i].cache, reads[i].entry.shard, reads[i].entry.offset));
-    let groups = concurrency.max(1).min(n.div_ceil(MIN_ROWS_PER_GROUP)).max(1);
+    let groups = concurrency
+        .max(1)
+        .min(n.div_ceil(MIN_ROWS_PER_GROUP))
+        .max(1);
     let per = n.div_ceil(groups).max(1);
     let mut work: Vec<Vec<(&Read, &mut [u8])>> = order
         .chunks(per)
@@ -109,7 +114,9 @@ pub fn take_payloads(
             let handles: Vec<_> = work.into_iter().map(|g| scope.spawn(|| run(g))).collect();
             let mut result = run(last);
             for h in handles {
-                let r = h.join().unwrap_or_else(|_| Err(Error::invalid("payload read thread panicked")));
+                let r = h
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::invalid("payload read thread panicked")));
                 result = result.and(r);
             }
             result
@@ -218,9 +225,11 @@ async fn take_batch(
     let timer = metrics.read_time.timer();
     let cache_ids = column_i64(&batch, "cache_id")?;
     let sample_ids = column_i64(&batch, "sample_id")?;
-    let data = tokio::task::spawn_blocking(move || take_payloads(&caches, &cache_ids, &sample_ids, concurrency))
-        .await
-        .map_err(|e| DataFusionError::Execution(format!("payload read task failed: {e}")))??;
+    let data = tokio::task::spawn_blocking(move || {
+        take_payloads(&caches, &cache_ids, &sample_ids, concurrency)
+    })
+    .await
+    .map_err(|e| DataFusionError::Execution(format!("payload read task failed: {e}")))??;
     metrics.rows.add(batch.num_rows());
     metrics.bytes.add(data.values().len());
     timer.done();

@@ -1,13 +1,31 @@
-//! Walker/Vose alias table: O(n) build, O(1) weighted draw.
+//! Walker/Vose alias table: O(n) build, O(1) weighted draw. A table is
+//! written once per weight column as a file and mapped read-only, so loader
+//! workers share its pages instead of each building a private copy.
+//!
+//! File layout (little-endian): magic `DRTALIAS`, u32 version, u32 reserved,
+//! u64 n, u32 crc32c of the body, u32 reserved; body: `n` f64 probabilities
+//! then `n` u32 aliases.
+
+use std::io::Write;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use arrow::buffer::{Buffer, ScalarBuffer};
 
 use super::rng::{mix64, unit_f64};
+use crate::store::fs::{map_file, publish_no_replace, temp_sibling};
 use crate::{Error, Result};
+
+const MAGIC: [u8; 8] = *b"DRTALIAS";
+const VERSION: u32 = 1;
+const HEADER: usize = 32;
 
 /// Weighted sampling with replacement in O(1) per draw.
 #[derive(Debug, Clone)]
 pub struct AliasTable {
-    prob: Vec<f64>,
-    alias: Vec<u32>,
+    prob: ScalarBuffer<f64>,
+    alias: ScalarBuffer<u32>,
 }
 
 impl AliasTable {
@@ -49,7 +67,79 @@ impl AliasTable {
         for i in small.into_iter().chain(large) {
             prob[i as usize] = 1.0;
         }
-        Ok(AliasTable { prob, alias })
+        Ok(AliasTable {
+            prob: prob.into(),
+            alias: alias.into(),
+        })
+    }
+
+    /// Map the table stored at `path`, or build it from `weights`, store it
+    /// there (atomically; concurrent builders agree) and map it.
+    pub fn load_or_build(path: &Path, weights: &[f64]) -> Result<AliasTable> {
+        if !path.exists() {
+            let table = AliasTable::new(weights)?;
+            let mut body = Vec::with_capacity(weights.len() * 12);
+            for p in table.prob.iter() {
+                body.extend_from_slice(&p.to_le_bytes());
+            }
+            for a in table.alias.iter() {
+                body.extend_from_slice(&a.to_le_bytes());
+            }
+            let mut header = [0u8; HEADER];
+            header[0..8].copy_from_slice(&MAGIC);
+            header[8..12].copy_from_slice(&VERSION.to_le_bytes());
+            header[16..24].copy_from_slice(&(weights.len() as u64).to_le_bytes());
+            header[24..28].copy_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+            let tmp = temp_sibling(path);
+            let written = (|| {
+                let mut f = std::fs::File::create(&tmp)?;
+                f.write_all(&header)?;
+                f.write_all(&body)?;
+                f.sync_all()
+            })();
+            if let Err(e) = written {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(Error::io(&tmp)(e));
+            }
+            publish_no_replace(&tmp, path)?;
+        }
+        Self::map(path, weights.len())
+    }
+
+    fn map(path: &Path, n: usize) -> Result<AliasTable> {
+        let mmap = Arc::new(map_file(path, "alias table")?);
+        let bad = |detail: String| Error::corrupt(path, detail);
+        if mmap.len() != HEADER + n * 12 || mmap[0..8] != MAGIC {
+            return Err(bad(format!(
+                "expected an alias table of {n} rows ({} bytes)",
+                HEADER + n * 12
+            )));
+        }
+        let version = u32::from_le_bytes(mmap[8..12].try_into().expect("4 bytes"));
+        if version != VERSION {
+            return Err(Error::UnsupportedVersion {
+                path: path.to_path_buf(),
+                found: version,
+                supported: VERSION,
+            });
+        }
+        let crc = u32::from_le_bytes(mmap[24..28].try_into().expect("4 bytes"));
+        if crc32c::crc32c(&mmap[HEADER..]) != crc {
+            return Err(bad("alias table checksum mismatch".into()));
+        }
+        // SAFETY: the pointer and length describe the live mapping, kept alive
+        // by the buffer's `Arc` owner; the file is immutable once published.
+        let buffer = unsafe {
+            Buffer::from_custom_allocation(
+                NonNull::new(mmap.as_ptr() as *mut u8).expect("mmap pointer is never null"),
+                mmap.len(),
+                mmap.clone(),
+            )
+        };
+        Ok(AliasTable {
+            prob: ScalarBuffer::new(buffer.clone(), HEADER / 8, n),
+            alias: ScalarBuffer::new(buffer, (HEADER + n * 8) / 4, n),
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -95,6 +185,28 @@ mod tests {
             let diff = (counts[i] as f64 - n as f64 * p).abs();
             assert!(diff <= 5.0 * sd + 1.0, "row {i}: {counts:?}");
         }
+    }
+
+    #[test]
+    fn a_stored_table_draws_exactly_like_a_fresh_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let weights: Vec<f64> = (0..1000).map(|i| (i % 7) as f64).collect();
+        let path = dir.path().join("w.alias");
+        let fresh = AliasTable::new(&weights).unwrap();
+        let stored = AliasTable::load_or_build(&path, &weights).unwrap();
+        let again = AliasTable::load_or_build(&path, &weights).unwrap();
+        for k in 0..10_000 {
+            let bits = draw_bits(5, 1, k);
+            assert_eq!(fresh.draw(bits), stored.draw(bits));
+            assert_eq!(fresh.draw(bits), again.draw(bits));
+        }
+        let mut raw = std::fs::read(&path).unwrap();
+        raw[HEADER + 3] ^= 1;
+        std::fs::write(&path, raw).unwrap();
+        assert!(matches!(
+            AliasTable::map(&path, 1000).unwrap_err(),
+            Error::Corrupt { .. }
+        ));
     }
 
     #[test]

@@ -119,7 +119,10 @@ pub fn decode_into(codec: Codec, stored: &[u8], out: &mut [u8]) -> std::result::
     let n = match codec {
         Codec::None => {
             if stored.len() != raw_len {
-                return Err(format!("raw record has {} bytes, index says {raw_len}", stored.len()));
+                return Err(format!(
+                    "raw record has {} bytes, index says {raw_len}",
+                    stored.len()
+                ));
             }
             out.copy_from_slice(stored);
             raw_len
@@ -130,12 +133,18 @@ pub fn decode_into(codec: Codec, stored: &[u8], out: &mut [u8]) -> std::result::
                 *slot = Some(zstd::bulk::Decompressor::new().map_err(|e| e.to_string())?);
             }
             let dec = slot.as_mut().expect("decoder just set");
-            dec.decompress_to_buffer(stored, out).map_err(|e| format!("zstd: {e}"))
+            dec.decompress_to_buffer(stored, out)
+                .map_err(|e| format!("zstd: {e}"))
         })?,
-        Codec::Lz4 => lz4_flex::block::decompress_into(stored, out).map_err(|e| format!("lz4: {e}"))?,
+        Codec::Lz4 => {
+            lz4_flex::block::decompress_into(stored, out).map_err(|e| format!("lz4: {e}"))?
+        }
     };
     if n != raw_len {
-        return Err(format!("{} gave {n} bytes, index says {raw_len}", codec.name()));
+        return Err(format!(
+            "{} gave {n} bytes, index says {raw_len}",
+            codec.name()
+        ));
     }
     Ok(())
 }

@@ -195,11 +195,21 @@ impl Cache {
 
     /// Decode the record `entry` (of `sample_id`) into `out`, which must be
     /// `entry.raw_len` bytes long, verifying its checksum first when `verify`.
-    pub fn read_entry(&self, sample_id: u64, e: &IndexEntry, out: &mut [u8], verify: bool) -> Result<()> {
+    pub fn read_entry(
+        &self,
+        sample_id: u64,
+        e: &IndexEntry,
+        out: &mut [u8],
+        verify: bool,
+    ) -> Result<()> {
         let (path, shard) = self.shards.get(e.shard as usize).ok_or_else(|| {
             Error::corrupt(
                 &self.index_path,
-                format!("sample {sample_id} points at shard {} of {}", e.shard, self.shards.len()),
+                format!(
+                    "sample {sample_id} points at shard {} of {}",
+                    e.shard,
+                    self.shards.len()
+                ),
             )
         })?;
         let start = e.offset as usize;
@@ -230,7 +240,13 @@ impl Cache {
             }
         }
         decode_into(e.codec, stored, out).map_err(|detail| {
-            Error::corrupt(path, format!("sample {sample_id} at shard {} offset {start}: {detail}", e.shard))
+            Error::corrupt(
+                path,
+                format!(
+                    "sample {sample_id} at shard {} offset {start}: {detail}",
+                    e.shard
+                ),
+            )
         })
     }
 }

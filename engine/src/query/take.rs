@@ -35,8 +35,10 @@ use crate::{Error, Result};
 /// Name of the payload column the node appends.
 pub const DATA_COLUMN: &str = "data";
 
-/// Rows below which a batch is read in one group (splitting costs more).
+/// Splitting a batch over threads only pays off for large reads: every group
+/// holds at least this many rows and this many payload bytes.
 const MIN_ROWS_PER_GROUP: usize = 32;
+const MIN_BYTES_PER_GROUP: usize = 4 << 20;
 
 /// Decoded payloads of a list of `(cache_id, sample_id)`, in input order.
 ///

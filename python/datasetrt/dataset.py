@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import polars as pl
 
 from . import _native
-from .exceptions import InvalidInputError
+from .exceptions import DatasetRTError, InvalidInputError
 
 PathLike = str | os.PathLike[str]
 
@@ -172,40 +173,81 @@ class Dataset:
         self,
         batch_size: int = 64,
         *,
-        seed: int,
+        seed: int | None = None,
         epoch: int = 0,
+        sampling: str = "replacement",
+        epoch_len: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        resume: dict[str, Any] | None = None,
         threads: int | None = None,
         prefetch_bytes: int = 64 << 20,
         prefetch_batches: int = 4,
-        drop_last: bool = False,
     ) -> Loader:
-        """Batches of one epoch of ``len(self)`` weighted draws, read ahead natively.
+        """Batches of one epoch of draws, read ahead natively.
 
-        Each batch costs one native call: payloads are read from the mapped
-        shards (checksums verified) by ``threads`` concurrent readers while
-        Python works on the previous batch, with at most ``prefetch_bytes`` of
-        decoded payloads (and ``prefetch_batches`` batches) buffered. The loader
-        keeps the snapshot that was active when it was created.
+        ``sampling`` chooses how rows are drawn (draw ``k`` of ``epoch`` is a
+        pure function of ``(seed, epoch, k)`` and the snapshot):
+
+        - ``"replacement"`` (default): weighted, with replacement;
+        - ``"permutation"``: every row exactly once per epoch, in a seeded order;
+        - ``"weighted_without_replacement"``: a seeded weighted order, no repeats
+          (rows of weight 0 never appear);
+        - ``"balanced"``: each row appears the floor or ceiling of
+          ``epoch_len * w / sum(w)`` times, shuffled.
+
+        ``epoch_len`` defaults to the number of rows (of positive weight, for
+        weighted without replacement). ``rank``/``world_size`` default to
+        ``torch.distributed`` when it is initialised, else to the ``RANK`` and
+        ``WORLD_SIZE`` environment variables, else to one process. Each rank
+        gets every ``world_size``-th batch of the one global sequence; with
+        several ranks every rank gets the same number of full batches: padded
+        (the sequence continues) or, with ``drop_last``, cut.
+
+        ``resume`` takes a :meth:`Loader.state_dict` and continues its exact
+        global sequence (also with another ``world_size`` or number of workers);
+        its seed, epoch, sampling, epoch length and snapshot win.
+
+        Payloads are read from the mapped shards (checksums verified) by
+        ``threads`` concurrent readers while Python works on the previous
+        batch, with at most ``prefetch_bytes`` of decoded payloads (and
+        ``prefetch_batches`` batches) buffered. The loader keeps the snapshot
+        that was active when it was created.
         """
+        rank, world_size = distributed_defaults(rank, world_size)
         return Loader(
             self,
             batch_size=batch_size,
             seed=seed,
             epoch=epoch,
+            sampling=sampling,
+            epoch_len=epoch_len,
+            rank=rank,
+            world_size=world_size,
+            drop_last=drop_last,
+            resume=resume,
             threads=threads,
             prefetch_bytes=prefetch_bytes,
             prefetch_batches=prefetch_batches,
-            drop_last=drop_last,
         )
 
-    def iter(self, seed: int, epoch: int = 0, *, batch_size: int = 256) -> Iterator[Sample]:
-        """One epoch of ``len(self)`` weighted draws with replacement, sample by sample.
+    def iter(
+        self,
+        seed: int,
+        epoch: int = 0,
+        *,
+        sampling: str = "replacement",
+        batch_size: int = 256,
+    ) -> Iterator[Sample]:
+        """One epoch of draws, sample by sample (``len(self)`` draws by default).
 
         Draw ``k`` of ``epoch`` depends only on ``(seed, epoch, k)`` and the
         snapshot, so the same arguments repeat exactly. Reads go through the
-        same native loader as :meth:`loader`.
+        same native loader as :meth:`loader` (one process: rank 0 of 1).
         """
-        loader = self.loader(batch_size, seed=seed, epoch=epoch)
+        loader = self.loader(batch_size, seed=seed, epoch=epoch, sampling=sampling, rank=0,
+                             world_size=1)
         return (sample for batch in loader for sample in batch)
 
     def to_torch(self, batch_size: int = 64, *, seed: int, epoch: int = 0, **options: Any):
@@ -264,6 +306,60 @@ class Batch:
         return f"<datasetrt.Batch of {len(self)} samples>"
 
 
+STATE_FORMAT = "datasetrt-loader-state"
+
+
+def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Fill in rank and world size from torch.distributed or RANK/WORLD_SIZE."""
+    if rank is None or world_size is None:
+        found = None
+        # torch.distributed can only be initialised if it was imported: never import it here
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            found = (dist.get_rank(), dist.get_world_size())
+        if found is None and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            try:
+                found = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+            except ValueError:
+                raise InvalidInputError(
+                    f"RANK={os.environ['RANK']!r} and WORLD_SIZE={os.environ['WORLD_SIZE']!r} "
+                    f"must be integers"
+                ) from None
+        found = found or (0, 1)
+        rank = found[0] if rank is None else rank
+        world_size = found[1] if world_size is None else world_size
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidInputError(f"{name} must be a non-negative int, got {value!r}")
+    if not 0 <= rank < world_size:
+        raise InvalidInputError(f"rank {rank} is not in 0..world_size ({world_size})")
+    return rank, world_size
+
+
+def check_state(dataset: Dataset, state: Any, batch_size: int) -> dict[str, Any]:
+    """Validate a loader state against the dataset; returns it."""
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise InvalidInputError(f"resume takes a Loader.state_dict(), not {state!r}")
+    try:
+        fingerprint = dataset._native.fingerprint_of(state["snapshot"])
+    except DatasetRTError as exc:
+        raise InvalidInputError(
+            f"the state was saved at snapshot {state['snapshot']}, which this dataset does "
+            f"not have ({exc})"
+        ) from None
+    if fingerprint != state["fingerprint"]:
+        raise InvalidInputError(
+            f"the state was saved at snapshot {state['snapshot']} with fingerprint "
+            f"{state['fingerprint']}, but that snapshot now has fingerprint {fingerprint}"
+        )
+    if state["position"] % batch_size:
+        raise InvalidInputError(
+            f"position {state['position']} is not a multiple of batch_size {batch_size}; "
+            f"resume with batch_size={state['batch_size']}"
+        )
+    return state
+
+
 class Loader:
     """Iterator over :class:`Batch` objects; see :meth:`Dataset.loader`."""
 
@@ -272,17 +368,19 @@ class Loader:
         dataset: Dataset,
         *,
         batch_size: int,
-        seed: int,
+        seed: int | None,
         epoch: int,
         threads: int | None,
         prefetch_bytes: int,
         prefetch_batches: int,
         drop_last: bool,
+        sampling: str = "replacement",
+        epoch_len: int | None = None,
         rank: int = 0,
         world_size: int = 1,
         worker: int = 0,
         num_workers: int = 1,
-        start_block: int = 0,
+        resume: dict[str, Any] | None = None,
         snapshot: int | None = None,
     ):
         for name, value, low in (
@@ -294,6 +392,14 @@ class Loader:
                 raise InvalidInputError(f"{name} must be a positive int, got {value!r}")
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise InvalidInputError(f"threads must be a positive int or None, got {threads!r}")
+        if epoch_len is not None and (not isinstance(epoch_len, int) or epoch_len < 1):
+            raise InvalidInputError(f"epoch_len must be a positive int or None, got {epoch_len!r}")
+        start_block = 0
+        if resume is not None:
+            state = check_state(dataset, resume, batch_size)
+            seed, epoch, sampling = state["seed"], state["epoch"], state["sampling"]
+            epoch_len, snapshot = state["epoch_len"], state["snapshot"]
+            start_block = state["position"] // batch_size
         if snapshot is None or snapshot == dataset.version:
             self._frame = dataset.get_metadata()
             snapshot = dataset.version
@@ -314,13 +420,41 @@ class Loader:
             prefetch_batches=prefetch_batches,
             concurrency=threads,
             snapshot=snapshot,
+            sampling=sampling,
+            epoch_len=epoch_len,
         )
+        self._state = {
+            "format": STATE_FORMAT,
+            "version": 1,
+            "seed": seed,
+            "epoch": epoch,
+            "sampling": sampling,
+            "epoch_len": self._native.epoch_len,
+            "batch_size": batch_size,
+            "snapshot": snapshot,
+            "fingerprint": dataset._native.fingerprint_of(snapshot),
+        }
+        self._start_block = start_block
+        self._stride = world_size * num_workers
+        self._delivered = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """A small JSON-serialisable state: resume with ``Dataset.loader(resume=state)``.
+
+        ``position`` counts the draws of the global sequence consumed so far:
+        this loader's batches times the readers running side by side (ranks in
+        lockstep, as distributed training runs them).
+        """
+        blocks = self._start_block + self._delivered * self._stride
+        position = min(blocks * self._state["batch_size"], self._native.total_draws)
+        return {**self._state, "position": position}
 
     def __iter__(self) -> Loader:
         return self
 
     def __next__(self) -> Batch:
         rows, cache_id, sample_id, data = next(self._native)
+        self._delivered += 1
         return Batch(rows, cache_id, sample_id, data, self._frame)
 
     def explain(self) -> str:

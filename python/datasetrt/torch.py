@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .dataset import Batch, Loader
+from .dataset import STATE_FORMAT, Batch, Loader, check_state, distributed_defaults
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -35,7 +35,16 @@ def default_output(batch: Batch) -> dict[str, Any]:
 
 
 class TorchDataset(IterableDataset):
-    """Batches of one epoch of weighted draws, split across DataLoader workers."""
+    """Batches of one epoch of draws, split across ranks and DataLoader workers.
+
+    Exact resume: ``state_dict(batches_seen)`` records how far this rank's
+    training loop got (the loop knows how many batches it consumed; the
+    dataset object in the main process does not see the workers' progress),
+    and ``load_state_dict(state)`` makes the next iteration continue the same
+    global sequence, also with another ``num_workers`` or ``world_size``.
+    The state is a small JSON-serialisable dict, as with torchdata's
+    ``StatefulDataLoader`` conventions.
+    """
 
     def __init__(
         self,
@@ -44,6 +53,10 @@ class TorchDataset(IterableDataset):
         batch_size: int,
         seed: int,
         epoch: int = 0,
+        sampling: str = "replacement",
+        epoch_len: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
         drop_last: bool = False,
         threads: int | None = 1,
         prefetch_bytes: int = 32 << 20,
@@ -55,36 +68,80 @@ class TorchDataset(IterableDataset):
         self.batch_size = batch_size
         self.seed = seed
         self.epoch = epoch
+        self.sampling = sampling
+        self.epoch_len = epoch_len
+        self.rank, self.world_size = distributed_defaults(rank, world_size)
         self.drop_last = drop_last
         self.threads = threads
         self.prefetch_bytes = prefetch_bytes
         self.prefetch_batches = prefetch_batches
         self.transform = transform
+        self._resume: dict[str, Any] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch the next iteration draws (call before each epoch)."""
         self.epoch = epoch
+        self._resume = None
 
-    def __len__(self) -> int:
-        """Batches per epoch over all workers."""
-        n = len(self.dataset._native.metadata(self.snapshot))
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-
-    def __iter__(self) -> Iterator[Any]:
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        loader = Loader(
+    def _loader(self, worker: int = 0, workers: int = 1) -> Loader:
+        return Loader(
             self.dataset,
             batch_size=self.batch_size,
             seed=self.seed,
             epoch=self.epoch,
+            sampling=self.sampling,
+            epoch_len=self.epoch_len,
+            rank=self.rank,
+            world_size=self.world_size,
             threads=self.threads,
             prefetch_bytes=self.prefetch_bytes,
             prefetch_batches=self.prefetch_batches,
             drop_last=self.drop_last,
             worker=worker,
             num_workers=workers,
+            resume=self._resume,
             snapshot=self.snapshot,
         )
-        for batch in loader:
+
+    def _counts(self) -> tuple[int, int]:
+        return self.dataset._native.draw_counts(
+            self.snapshot, self.sampling, self.epoch_len, self.batch_size, self.world_size,
+            self.drop_last,
+        )
+
+    def __len__(self) -> int:
+        """Batches this rank delivers per epoch (over all of its workers)."""
+        blocks = -(-self._counts()[1] // self.batch_size)
+        return len(range(self.rank, blocks, self.world_size))
+
+    def state_dict(self, batches_seen: int) -> dict[str, Any]:
+        """The state after this rank consumed ``batches_seen`` batches of the epoch
+        (counted from the start of the epoch, or from the state last loaded)."""
+        epoch_len, total = self._counts()
+        start = self._resume["position"] // self.batch_size if self._resume else 0
+        blocks = start + batches_seen * self.world_size
+        return {
+            "format": STATE_FORMAT,
+            "version": 1,
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "sampling": self.sampling,
+            "epoch_len": epoch_len,
+            "batch_size": self.batch_size,
+            "snapshot": self.snapshot,
+            "fingerprint": self.dataset._native.fingerprint_of(self.snapshot),
+            "position": min(blocks * self.batch_size, total),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` on the next iteration."""
+        self.seed, self.epoch = state["seed"], state["epoch"]
+        self.sampling, self.epoch_len = state["sampling"], state["epoch_len"]
+        self.snapshot = state["snapshot"]
+        self._resume = check_state(self.dataset, state, self.batch_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for batch in self._loader(worker, workers):
             yield self.transform(batch)

@@ -10,6 +10,7 @@ use arrow::datatypes::{Int64Type, UInt32Type};
 use datasetrt::catalog::Snapshot;
 use datasetrt::load::{DrawPlan, Loader, Prefetch};
 use datasetrt::query::QuerySession;
+use datasetrt::sample::Sampling;
 use datasetrt::{Dataset, OpenOptions};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -124,6 +125,42 @@ impl PyDataset {
         self.inner.snapshot().fingerprint().to_string()
     }
 
+    /// `(epoch_len, total_draws)` of an epoch plan, without starting a loader.
+    #[pyo3(signature = (snapshot, sampling, epoch_len, batch_size, world_size, drop_last))]
+    fn draw_counts(
+        &self,
+        snapshot: Option<u64>,
+        sampling: &str,
+        epoch_len: Option<u64>,
+        batch_size: usize,
+        world_size: u32,
+        drop_last: bool,
+    ) -> PyResult<(u64, u64)> {
+        let snapshot = self.pinned(snapshot)?;
+        let sampling = Sampling::parse(sampling).py()?;
+        let epoch_len = epoch_len.unwrap_or_else(|| sampling.default_epoch_len(snapshot.weights().values()));
+        let plan = DrawPlan {
+            sampling,
+            seed: 0,
+            epoch: 0,
+            epoch_len,
+            batch_size,
+            start_block: 0,
+            drop_last,
+            rank: 0,
+            world_size,
+            worker: 0,
+            num_workers: 1,
+        };
+        plan.validate().py()?;
+        Ok((epoch_len, plan.total_draws()))
+    }
+
+    /// Fingerprint of snapshot `number`.
+    fn fingerprint_of(&self, number: u64) -> PyResult<String> {
+        Ok(self.pinned(Some(number))?.fingerprint().to_string())
+    }
+
     /// One dict per snapshot on disk, oldest first: version, created_unix_ms,
     /// rows, fingerprint, note.
     fn history<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
@@ -218,7 +255,7 @@ impl PyDataset {
     /// pinned to the active snapshot.
     #[pyo3(signature = (seed, epoch, batch_size, start_block=0, drop_last=false, rank=0, world_size=1,
                         worker=0, num_workers=1, prefetch_bytes=64 << 20, prefetch_batches=4,
-                        concurrency=None, snapshot=None))]
+                        concurrency=None, snapshot=None, sampling="replacement", epoch_len=None))]
     #[allow(clippy::too_many_arguments)]
     fn loader(
         &self,
@@ -235,12 +272,17 @@ impl PyDataset {
         prefetch_batches: usize,
         concurrency: Option<usize>,
         snapshot: Option<u64>,
+        sampling: &str,
+        epoch_len: Option<u64>,
     ) -> PyResult<PyLoader> {
         let snapshot = self.pinned(snapshot)?;
+        let sampling = Sampling::parse(sampling).py()?;
+        let epoch_len = epoch_len.unwrap_or_else(|| sampling.default_epoch_len(snapshot.weights().values()));
         let draws = DrawPlan {
+            sampling,
             seed,
             epoch,
-            epoch_len: snapshot.num_rows() as u64,
+            epoch_len,
             batch_size,
             start_block,
             drop_last,
@@ -258,11 +300,14 @@ impl PyDataset {
             prefetch.concurrency = c;
         }
         let number = snapshot.number();
+        let (epoch_len, total_draws) = (draws.epoch_len, draws.total_draws());
         let rt = runtime()?;
         let loader = Loader::start(rt.handle(), &self.inner, snapshot, draws, prefetch).py()?;
         Ok(PyLoader {
             inner: Mutex::new(loader),
             snapshot: number,
+            epoch_len,
+            total_draws,
         })
     }
 }
@@ -272,6 +317,8 @@ impl PyDataset {
 pub struct PyLoader {
     inner: Mutex<Loader>,
     snapshot: u64,
+    epoch_len: u64,
+    total_draws: u64,
 }
 
 type NativeBatch<'py> = (Vec<u32>, Vec<i64>, Vec<i64>, Bound<'py, PyList>);
@@ -281,6 +328,18 @@ impl PyLoader {
     #[getter]
     fn snapshot(&self) -> u64 {
         self.snapshot
+    }
+
+    /// Draws per epoch (before padding or dropping for ranks).
+    #[getter]
+    fn epoch_len(&self) -> u64 {
+        self.epoch_len
+    }
+
+    /// Draws all readers deliver together this epoch (after padding or dropping).
+    #[getter]
+    fn total_draws(&self) -> u64 {
+        self.total_draws
     }
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {

@@ -20,7 +20,7 @@ use datafusion::physical_plan::{
 };
 
 use crate::catalog::Snapshot;
-use crate::sample::weighted_draws;
+use crate::sample::{EpochSampler, Sampling};
 use crate::{Error, Result};
 
 /// Which draws of an epoch one reader takes.
@@ -30,8 +30,15 @@ use crate::{Error, Result};
 /// rank, to worker `(b / world_size) % num_workers`. A DataLoader that collects
 /// batches from its workers in turn therefore yields the global order, and the
 /// union over all readers is exactly the sequence one reader alone would draw.
+///
+/// With several ranks every rank gets the same number of full batches: with
+/// `drop_last` the epoch is cut down to a multiple of `world_size` full
+/// blocks; otherwise it is padded up to one, the extra draws continuing the
+/// sequence (a new pass for permutation-like modes, as `DistributedSampler`
+/// pads with repeats).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DrawPlan {
+    pub sampling: Sampling,
     pub seed: u64,
     pub epoch: u64,
     pub epoch_len: u64,
@@ -68,10 +75,28 @@ impl DrawPlan {
     /// Number of blocks in the epoch.
     pub fn blocks(&self) -> u64 {
         let bs = self.batch_size as u64;
+        let world = self.world_size as u64;
+        if world == 1 {
+            return if self.drop_last {
+                self.epoch_len / bs
+            } else {
+                self.epoch_len.div_ceil(bs)
+            };
+        }
         if self.drop_last {
-            self.epoch_len / bs
+            (self.epoch_len / bs) / world * world
         } else {
-            self.epoch_len.div_ceil(bs)
+            self.epoch_len.div_ceil(bs).div_ceil(world) * world
+        }
+    }
+
+    /// Draws in the epoch after dropping or padding: what ranks deliver together.
+    pub fn total_draws(&self) -> u64 {
+        let bs = self.batch_size as u64;
+        if self.world_size == 1 {
+            (self.blocks() * bs).min(self.epoch_len)
+        } else {
+            self.blocks() * bs
         }
     }
 
@@ -86,7 +111,7 @@ impl DrawPlan {
     /// Draw positions `start..end` of block `b`.
     pub fn block_range(&self, b: u64) -> (u64, u64) {
         let bs = self.batch_size as u64;
-        (b * bs, ((b + 1) * bs).min(self.epoch_len))
+        (b * bs, ((b + 1) * bs).min(self.total_draws()))
     }
 }
 
@@ -99,15 +124,9 @@ pub fn draws_schema() -> SchemaRef {
     ]))
 }
 
-fn draw_block(snapshot: &Snapshot, plan: &DrawPlan, b: u64) -> DfResult<RecordBatch> {
+fn draw_block(snapshot: &Snapshot, sampler: &EpochSampler, plan: &DrawPlan, b: u64) -> DfResult<RecordBatch> {
     let (start, end) = plan.block_range(b);
-    let rows = weighted_draws(
-        snapshot.alias_table()?,
-        plan.seed,
-        plan.epoch,
-        start,
-        (end - start) as usize,
-    );
+    let rows: Vec<u32> = (start..end).map(|k| sampler.row(k)).collect();
     let ids = snapshot.cache_ids().values();
     let samples = snapshot.sample_ids().values();
     let cache_ids = Int64Array::from_iter_values(rows.iter().map(|&r| ids[r as usize]));
@@ -119,6 +138,22 @@ fn draw_block(snapshot: &Snapshot, plan: &DrawPlan, b: u64) -> DfResult<RecordBa
         Arc::new(sample_ids),
     ];
     Ok(RecordBatch::try_new(draws_schema(), columns)?)
+}
+
+/// The sampler of `plan`'s epoch over `snapshot`.
+pub fn epoch_sampler(snapshot: &Snapshot, plan: &DrawPlan) -> Result<EpochSampler> {
+    let alias = match plan.sampling {
+        Sampling::Replacement => Some(snapshot.alias_table()?),
+        _ => None,
+    };
+    EpochSampler::new(
+        plan.sampling,
+        snapshot.weights().values(),
+        alias,
+        plan.seed,
+        plan.epoch,
+        plan.epoch_len,
+    )
 }
 
 /// Source node: this reader's draws of one epoch, one batch per block.
@@ -151,9 +186,10 @@ impl DisplayAs for SampleExec {
         let p = &self.plan;
         write!(
             f,
-            "SampleExec: snapshot={}, sampling=replacement, seed={}, epoch={}, epoch_len={}, batch_size={}, \
+            "SampleExec: snapshot={}, sampling={}, seed={}, epoch={}, epoch_len={}, batch_size={}, \
              start_block={}, rank={}/{}, worker={}/{}, drop_last={}",
             self.snapshot.number(),
+            p.sampling.name(),
             p.seed,
             p.epoch,
             p.epoch_len,
@@ -216,7 +252,14 @@ impl ExecutionPlan for SampleExec {
         let snapshot = self.snapshot.clone();
         let plan = self.plan.clone();
         let blocks = plan.my_blocks();
-        let stream = futures::stream::iter(blocks).map(move |b| draw_block(&snapshot, &plan, b));
+        // The sampler (an alias table or a sorted order) is built on first poll.
+        let mut sampler: Option<EpochSampler> = None;
+        let stream = futures::stream::iter(blocks).map(move |b| {
+            if sampler.is_none() {
+                sampler = Some(epoch_sampler(&snapshot, &plan)?);
+            }
+            draw_block(&snapshot, sampler.as_ref().expect("just built"), &plan, b)
+        });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             draws_schema(),
             stream,
@@ -230,6 +273,7 @@ mod tests {
 
     fn plan(world: u32, workers: u32, rank: u32, worker: u32) -> DrawPlan {
         DrawPlan {
+            sampling: Sampling::Replacement,
             seed: 1,
             epoch: 0,
             epoch_len: 103,
@@ -253,21 +297,36 @@ mod tests {
                 }
             }
             all.sort_unstable();
-            assert_eq!(
-                all,
-                (0..11).collect::<Vec<_>>(),
-                "world {world} workers {workers}"
-            );
+            let blocks = plan(world, workers, 0, 0).blocks();
+            assert_eq!(all, (0..blocks).collect::<Vec<_>>(), "world {world} workers {workers}");
         }
+    }
+
+    #[test]
+    fn ranks_get_equal_full_batches_by_padding_or_dropping() {
+        // 103 draws in blocks of 10: 11 blocks, the last one partial
+        for world in [2u32, 4] {
+            let padded = plan(world, 1, 0, 0);
+            assert_eq!(padded.blocks() % world as u64, 0);
+            assert_eq!(padded.total_draws(), padded.blocks() * 10);
+            assert!(padded.total_draws() >= 103);
+            let mut dropped = padded.clone();
+            dropped.drop_last = true;
+            assert_eq!(dropped.blocks() % world as u64, 0);
+            assert!(dropped.total_draws() <= 100);
+            let per_rank: Vec<usize> = (0..world).map(|r| plan(world, 1, r, 0).my_blocks().count()).collect();
+            assert!(per_rank.iter().all(|&c| c == per_rank[0]), "{per_rank:?}");
+        }
+        assert_eq!(plan(1, 1, 0, 0).total_draws(), 103);
     }
 
     #[test]
     fn a_resumed_reader_starts_at_its_next_block() {
         let mut p = plan(2, 2, 1, 1);
-        assert_eq!(p.my_blocks().collect::<Vec<_>>(), vec![3, 7]);
+        assert_eq!(p.my_blocks().collect::<Vec<_>>(), vec![3, 7, 11]);
         p.start_block = 4;
-        assert_eq!(p.my_blocks().collect::<Vec<_>>(), vec![7]);
-        p.start_block = 8;
+        assert_eq!(p.my_blocks().collect::<Vec<_>>(), vec![7, 11]);
+        p.start_block = 12;
         assert_eq!(p.my_blocks().count(), 0);
     }
 

@@ -3,6 +3,7 @@
 //! identities into payload bytes.
 
 pub mod take;
+pub mod udf;
 
 use std::sync::Arc;
 
@@ -31,10 +32,9 @@ impl QuerySession {
             .with_batch_size(BATCH_SIZE)
             .with_target_partitions(partitions)
             .with_information_schema(true);
-        let session = QuerySession {
-            ctx: SessionContext::new_with_config(config),
-            partitions,
-        };
+        let ctx = SessionContext::new_with_config(config);
+        ctx.register_udf(udf::drt_uniform());
+        let session = QuerySession { ctx, partitions };
         session.set_snapshot(snapshot)?;
         Ok(session)
     }

@@ -89,8 +89,8 @@ pub fn take_payloads(
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_unstable_by_key(|&i| (reads[i].cache, reads[i].entry.shard, reads[i].entry.offset));
     let groups = concurrency
-        .max(1)
         .min(n.div_ceil(MIN_ROWS_PER_GROUP))
+        .min(total.div_ceil(MIN_BYTES_PER_GROUP))
         .max(1);
     let per = n.div_ceil(groups).max(1);
     let mut work: Vec<Vec<(&Read, &mut [u8])>> = order

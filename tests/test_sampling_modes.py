@@ -19,13 +19,16 @@ def weighted(tmp_path):
     """60 rows; weights 0, 1, 2, 3 by sample_id % 4 (sum 90)."""
     ds = drt.build(tmp_path, [Source("w-v1", 60, payload=lambda i: b"%d" % i)], progress=False)
     meta = ds.get_metadata()
-    ds.update_metadata(meta.with_columns((pl.col("sample_id") % 4).cast(pl.Float64).alias("weight")))
+    ds.update_metadata(
+        meta.with_columns((pl.col("sample_id") % 4).cast(pl.Float64).alias("weight"))
+    )
     return ds
 
 
 def draws(ds, mode, seed=1, epoch=0, **kw):
-    return [s.sample_id for s in ds.loader(16, seed=seed, epoch=epoch, sampling=mode, **kw)
-            for s in s]
+    return [
+        s.sample_id for s in ds.loader(16, seed=seed, epoch=epoch, sampling=mode, **kw) for s in s
+    ]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -52,7 +55,8 @@ def test_weighted_without_replacement_puts_heavy_rows_first(weighted):
     # over many seeds, the first draw is row i with probability w_i / 90
     firsts = collections.Counter(
         draws(weighted, "weighted_without_replacement", seed=seed, epoch_len=1)[0] % 4
-        for seed in range(3000))
+        for seed in range(3000)
+    )
     n = sum(firsts.values())
     for residue, weight in ((1, 15), (2, 30), (3, 45)):
         p = weight / 90
@@ -62,8 +66,7 @@ def test_weighted_without_replacement_puts_heavy_rows_first(weighted):
 @pytest.mark.parametrize("epoch_len", [45, 90, 1000, 1237])
 def test_balanced_counts_are_floor_or_ceiling_of_the_expectation(weighted, epoch_len):
     for epoch in range(3):
-        counts = collections.Counter(
-            draws(weighted, "balanced", epoch=epoch, epoch_len=epoch_len))
+        counts = collections.Counter(draws(weighted, "balanced", epoch=epoch, epoch_len=epoch_len))
         assert sum(counts.values()) == epoch_len
         for row in range(60):
             expected = epoch_len * (row % 4) / 90
@@ -76,8 +79,9 @@ def test_balanced_classes_get_equal_counts_every_epoch(tmp_path):
     meta = ds.get_metadata()
     ds.update_metadata(meta.with_columns((1.0 / pl.len().over("label")).alias("weight")))
     for epoch in range(3):
-        labels = collections.Counter(s.metadata["label"]
-                                     for s in ds.iter(seed=3, epoch=epoch, sampling="balanced"))
+        labels = collections.Counter(
+            s.metadata["label"] for s in ds.iter(seed=3, epoch=epoch, sampling="balanced")
+        )
         assert labels[0] == labels[1] == 500
 
 
@@ -103,7 +107,9 @@ def test_unknown_modes_and_bad_lengths_are_refused(weighted):
 
 def test_seeded_sql_subsets_repeat_across_opens(two_caches):
     ds, root, _ = two_caches
-    query = "SELECT cache_id, sample_id FROM metadata WHERE drt_uniform(7, cache_id, sample_id) < 0.25"
+    query = (
+        "SELECT cache_id, sample_id FROM metadata WHERE drt_uniform(7, cache_id, sample_id) < 0.25"
+    )
     first = ds.sql(query).sort("cache_id", "sample_id")
     assert 150 < first.height < 250
     assert first.equals(drt.open(root).sql(query).sort("cache_id", "sample_id"))

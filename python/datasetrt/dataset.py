@@ -246,8 +246,9 @@ class Dataset:
         snapshot, so the same arguments repeat exactly. Reads go through the
         same native loader as :meth:`loader` (one process: rank 0 of 1).
         """
-        loader = self.loader(batch_size, seed=seed, epoch=epoch, sampling=sampling, rank=0,
-                             world_size=1)
+        loader = self.loader(
+            batch_size, seed=seed, epoch=epoch, sampling=sampling, rank=0, world_size=1
+        )
         return (sample for batch in loader for sample in batch)
 
     def to_torch(self, batch_size: int = 64, *, seed: int, epoch: int = 0, **options: Any):

@@ -105,7 +105,11 @@ class TorchDataset(IterableDataset):
 
     def _counts(self) -> tuple[int, int]:
         return self.dataset._native.draw_counts(
-            self.snapshot, self.sampling, self.epoch_len, self.batch_size, self.world_size,
+            self.snapshot,
+            self.sampling,
+            self.epoch_len,
+            self.batch_size,
+            self.world_size,
             self.drop_last,
         )
 

@@ -138,7 +138,8 @@ impl PyDataset {
     ) -> PyResult<(u64, u64)> {
         let snapshot = self.pinned(snapshot)?;
         let sampling = Sampling::parse(sampling).py()?;
-        let epoch_len = epoch_len.unwrap_or_else(|| sampling.default_epoch_len(snapshot.weights().values()));
+        let epoch_len =
+            epoch_len.unwrap_or_else(|| sampling.default_epoch_len(snapshot.weights().values()));
         let plan = DrawPlan {
             sampling,
             seed: 0,
@@ -277,7 +278,8 @@ impl PyDataset {
     ) -> PyResult<PyLoader> {
         let snapshot = self.pinned(snapshot)?;
         let sampling = Sampling::parse(sampling).py()?;
-        let epoch_len = epoch_len.unwrap_or_else(|| sampling.default_epoch_len(snapshot.weights().values()));
+        let epoch_len =
+            epoch_len.unwrap_or_else(|| sampling.default_epoch_len(snapshot.weights().values()));
         let draws = DrawPlan {
             sampling,
             seed,

@@ -26,14 +26,15 @@ use crate::{Error, Result};
 /// Which draws of an epoch one reader takes.
 ///
 /// The epoch is the global sequence of draws `0..epoch_len`, cut into blocks
-/// of `batch_size`. Block `b` belongs to rank `b % world_size` and, within that
-/// rank, to worker `(b / world_size) % num_workers`. A DataLoader that collects
+/// of `batch_size`. Counting from `start_block` (0, or the resume point),
+/// block `start_block + i` belongs to rank `i % world_size` and, within that
+/// rank, to worker `(i / world_size) % num_workers`. A DataLoader that collects
 /// batches from its workers in turn therefore yields the global order, and the
 /// union over all readers is exactly the sequence one reader alone would draw.
 ///
 /// With several ranks every rank gets the same number of full batches: with
-/// `drop_last` the epoch is cut down to a multiple of `world_size` full
-/// blocks; otherwise it is padded up to one, the extra draws continuing the
+/// `drop_last` the blocks from `start_block` on are cut down to a multiple of
+/// `world_size` full blocks; otherwise they are padded up to one, the extra draws continuing the
 /// sequence (a new pass for permutation-like modes, as `DistributedSampler`
 /// pads with repeats).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,18 +77,22 @@ impl DrawPlan {
     pub fn blocks(&self) -> u64 {
         let bs = self.batch_size as u64;
         let world = self.world_size as u64;
-        if world == 1 {
-            return if self.drop_last {
-                self.epoch_len / bs
-            } else {
-                self.epoch_len.div_ceil(bs)
-            };
-        }
-        if self.drop_last {
-            (self.epoch_len / bs) / world * world
+        let base = if self.drop_last {
+            self.epoch_len / bs
         } else {
-            self.epoch_len.div_ceil(bs).div_ceil(world) * world
+            self.epoch_len.div_ceil(bs)
+        };
+        if world == 1 {
+            return base;
         }
+        let start = self.start_block.min(base);
+        let remaining = base - start;
+        start
+            + if self.drop_last {
+                remaining / world * world
+            } else {
+                remaining.div_ceil(world) * world
+            }
     }
 
     /// Draws in the epoch after dropping or padding: what ranks deliver together.
@@ -104,8 +109,7 @@ impl DrawPlan {
     pub fn my_blocks(&self) -> impl Iterator<Item = u64> + Send + 'static {
         let stride = self.world_size as u64 * self.num_workers as u64;
         let mine = self.rank as u64 + self.world_size as u64 * self.worker as u64;
-        let first = self.start_block + (mine + stride - self.start_block % stride) % stride;
-        (first..self.blocks()).step_by(stride as usize)
+        (self.start_block + mine..self.blocks()).step_by(stride as usize)
     }
 
     /// Draw positions `start..end` of block `b`.
@@ -124,7 +128,12 @@ pub fn draws_schema() -> SchemaRef {
     ]))
 }
 
-fn draw_block(snapshot: &Snapshot, sampler: &EpochSampler, plan: &DrawPlan, b: u64) -> DfResult<RecordBatch> {
+fn draw_block(
+    snapshot: &Snapshot,
+    sampler: &EpochSampler,
+    plan: &DrawPlan,
+    b: u64,
+) -> DfResult<RecordBatch> {
     let (start, end) = plan.block_range(b);
     let rows: Vec<u32> = (start..end).map(|k| sampler.row(k)).collect();
     let ids = snapshot.cache_ids().values();
@@ -298,7 +307,11 @@ mod tests {
             }
             all.sort_unstable();
             let blocks = plan(world, workers, 0, 0).blocks();
-            assert_eq!(all, (0..blocks).collect::<Vec<_>>(), "world {world} workers {workers}");
+            assert_eq!(
+                all,
+                (0..blocks).collect::<Vec<_>>(),
+                "world {world} workers {workers}"
+            );
         }
     }
 
@@ -314,18 +327,23 @@ mod tests {
             dropped.drop_last = true;
             assert_eq!(dropped.blocks() % world as u64, 0);
             assert!(dropped.total_draws() <= 100);
-            let per_rank: Vec<usize> = (0..world).map(|r| plan(world, 1, r, 0).my_blocks().count()).collect();
+            let per_rank: Vec<usize> = (0..world)
+                .map(|r| plan(world, 1, r, 0).my_blocks().count())
+                .collect();
             assert!(per_rank.iter().all(|&c| c == per_rank[0]), "{per_rank:?}");
         }
         assert_eq!(plan(1, 1, 0, 0).total_draws(), 103);
     }
 
     #[test]
-    fn a_resumed_reader_starts_at_its_next_block() {
+    fn a_resumed_reader_counts_its_blocks_from_the_resume_point() {
         let mut p = plan(2, 2, 1, 1);
         assert_eq!(p.my_blocks().collect::<Vec<_>>(), vec![3, 7, 11]);
         p.start_block = 4;
         assert_eq!(p.my_blocks().collect::<Vec<_>>(), vec![7, 11]);
+        p.start_block = 5; // 6 blocks left (5..11) for 2 ranks: none padded
+        assert_eq!(p.blocks(), 11);
+        assert_eq!(p.my_blocks().collect::<Vec<_>>(), vec![8]);
         p.start_block = 12;
         assert_eq!(p.my_blocks().count(), 0);
     }

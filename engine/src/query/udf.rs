@@ -30,7 +30,9 @@ pub fn drt_uniform() -> ScalarUDF {
         Arc::new(|args: &[ColumnarValue]| {
             let arrays = ColumnarValue::values_to_arrays(args)?;
             let [seed, cache, sample] = arrays.as_slice() else {
-                return Err(DataFusionError::Plan("drt_uniform takes (seed, cache_id, sample_id)".into()));
+                return Err(DataFusionError::Plan(
+                    "drt_uniform takes (seed, cache_id, sample_id)".into(),
+                ));
             };
             let (seed, cache, sample) = (
                 seed.as_primitive::<Int64Type>(),

@@ -9,4 +9,3 @@ mod rng;
 pub use alias::AliasTable;
 pub use modes::{EpochSampler, Permutation, Sampling};
 pub use rng::{draw_bits, unit_f64};
-

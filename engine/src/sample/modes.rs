@@ -50,7 +50,9 @@ impl Sampling {
     /// (rows of positive weight, for weighted without replacement).
     pub fn default_epoch_len(self, weights: &[f64]) -> u64 {
         match self {
-            Sampling::WeightedWithoutReplacement => weights.iter().filter(|&&w| w > 0.0).count() as u64,
+            Sampling::WeightedWithoutReplacement => {
+                weights.iter().filter(|&&w| w > 0.0).count() as u64
+            }
             _ => weights.len() as u64,
         }
     }
@@ -154,7 +156,9 @@ impl EpochSampler {
             },
             Sampling::Balanced => {
                 if epoch_len == 0 {
-                    return Err(Error::invalid("balanced sampling needs a positive epoch_len"));
+                    return Err(Error::invalid(
+                        "balanced sampling needs a positive epoch_len",
+                    ));
                 }
                 let total: f64 = weights.iter().sum();
                 let scale = epoch_len as f64 / total;
@@ -204,7 +208,10 @@ impl EpochSampler {
         match &self.kind {
             Kind::Replacement(alias) => alias.draw(draw_bits(self.seed, self.epoch, k)) as u32,
             Kind::Permutation { n } => {
-                let perm = Permutation::new(*n, stream_key(self.seed, self.epoch, k / n, SALT_PERMUTATION));
+                let perm = Permutation::new(
+                    *n,
+                    stream_key(self.seed, self.epoch, k / n, SALT_PERMUTATION),
+                );
                 perm.apply(k % n) as u32
             }
             Kind::Balanced { cumulative, len } => {
@@ -214,7 +221,9 @@ impl EpochSampler {
                 let u = unit_f64(mix64(key ^ 0x5bd1_e995));
                 // Row r covers positions floor(C[r-1] + u) .. floor(C[r] + u):
                 // the first r with C[r] + u >= p + 1.
-                cumulative.partition_point(|&c| c + u < p + 1.0).min(cumulative.len() - 1) as u32
+                cumulative
+                    .partition_point(|&c| c + u < p + 1.0)
+                    .min(cumulative.len() - 1) as u32
             }
             Kind::Weighted { order } => order[(k % order.len() as u64) as usize],
         }
@@ -253,7 +262,9 @@ mod tests {
 
     #[test]
     fn balanced_counts_are_floor_or_ceil_of_expectation() {
-        let w: Vec<f64> = (0..97).map(|i| ((i * 7919) % 13) as f64 + if i % 5 == 0 { 0.0 } else { 0.5 }).collect();
+        let w: Vec<f64> = (0..97)
+            .map(|i| ((i * 7919) % 13) as f64 + if i % 5 == 0 { 0.0 } else { 0.5 })
+            .collect();
         let total: f64 = w.iter().sum();
         for len in [50u64, 97, 1000, 1234] {
             for seed in 0..5 {
@@ -264,7 +275,10 @@ mod tests {
                 }
                 for (i, &c) in counts.iter().enumerate() {
                     let e = len as f64 * w[i] / total;
-                    assert!(c == e.floor() as u64 || c == e.ceil() as u64, "len {len} row {i}: {c} vs {e}");
+                    assert!(
+                        c == e.floor() as u64 || c == e.ceil() as u64,
+                        "len {len} row {i}: {c} vs {e}"
+                    );
                 }
             }
         }
@@ -277,7 +291,10 @@ mod tests {
         let mut rows: Vec<u32> = (0..4).map(|k| s.row(k)).collect();
         rows.sort_unstable();
         assert_eq!(rows, vec![0, 2, 3, 5]);
-        assert_eq!(Sampling::WeightedWithoutReplacement.default_epoch_len(&w), 4);
+        assert_eq!(
+            Sampling::WeightedWithoutReplacement.default_epoch_len(&w),
+            4
+        );
     }
 
     #[test]

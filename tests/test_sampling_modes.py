@@ -117,3 +117,10 @@ def test_seeded_sql_subsets_repeat_across_opens(two_caches):
     assert not first.equals(other)
     values = ds.sql("SELECT drt_uniform(1, cache_id, sample_id) AS u FROM metadata")["u"]
     assert values.min() >= 0.0 and values.max() < 1.0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_draws_are_the_sequence_the_loader_delivers(weighted, mode):
+    rows = weighted.draws(1, epoch=4, sampling=mode).to_list()
+    assert rows == [r for b in weighted.loader(16, seed=1, epoch=4, sampling=mode) for r in b.rows]
+    assert weighted.draws(1, epoch=4, start=10, count=5, sampling=mode).to_list() == rows[10:15]

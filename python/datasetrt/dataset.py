@@ -251,6 +251,27 @@ class Dataset:
         )
         return (sample for batch in loader for sample in batch)
 
+    def draws(
+        self,
+        seed: int,
+        epoch: int = 0,
+        *,
+        start: int = 0,
+        count: int | None = None,
+        sampling: str = "replacement",
+        epoch_len: int | None = None,
+    ) -> pl.Series:
+        """Rows (of :meth:`get_metadata`) of draws ``start .. start + count`` of an epoch.
+
+        The global sequence the loaders deliver, without reading a payload:
+        ``ds.get_metadata()[ds.draws(7)]`` is the epoch's population in draw order.
+        """
+        if count is None:  # one epoch
+            count = self._native.draw_counts(None, sampling, epoch_len, 1, 1, False)[0]
+        table = self._native.draw_rows(_check_seed(seed), check_epoch(epoch), start, count,
+                                       sampling, epoch_len)
+        return pl.DataFrame(table)["row"]
+
     def to_torch(self, batch_size: int = 64, *, seed: int, epoch: int = 0, **options: Any):
         """A ``torch.utils.data.IterableDataset`` of batches; see :mod:`datasetrt.torch`."""
         from .torch import TorchDataset

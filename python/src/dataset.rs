@@ -5,12 +5,12 @@ use std::sync::{Arc, Mutex};
 
 use std::time::Duration;
 
-use arrow::array::{AsArray, RecordBatch};
-use arrow::datatypes::{Int64Type, UInt32Type};
+use arrow::array::{AsArray, RecordBatch, UInt32Array};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema, UInt32Type};
 use datasetrt::catalog::Snapshot;
 use datasetrt::load::{DrawPlan, Loader, Prefetch};
 use datasetrt::query::QuerySession;
-use datasetrt::sample::Sampling;
+use datasetrt::sample::{EpochSampler, Sampling};
 use datasetrt::{Dataset, OpenOptions};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -123,6 +123,40 @@ impl PyDataset {
     #[getter]
     fn fingerprint(&self) -> String {
         self.inner.snapshot().fingerprint().to_string()
+    }
+
+    /// Rows of draws `start..start + count` of `epoch` as an Arrow table with
+    /// one UInt32 column `row` (no payload is read).
+    #[pyo3(signature = (seed, epoch, start, count, sampling="replacement", epoch_len=None, snapshot=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn draw_rows(
+        &self,
+        py: Python<'_>,
+        seed: u64,
+        epoch: u64,
+        start: u64,
+        count: usize,
+        sampling: &str,
+        epoch_len: Option<u64>,
+        snapshot: Option<u64>,
+    ) -> PyResult<PyTable> {
+        let snapshot = self.pinned(snapshot)?;
+        let sampling = Sampling::parse(sampling).py()?;
+        let rows = detach(py, move || -> datasetrt::Result<Vec<u32>> {
+            let weights = snapshot.weights().values();
+            let len = epoch_len.unwrap_or_else(|| sampling.default_epoch_len(weights));
+            let alias = match sampling {
+                Sampling::Replacement => Some(snapshot.alias_table()?),
+                _ => None,
+            };
+            let sampler = EpochSampler::new(sampling, weights, alias, seed, epoch, len)?;
+            Ok((start..start + count as u64).map(|k| sampler.row(k)).collect())
+        })?
+        .py()?;
+        let schema = Arc::new(Schema::new(vec![Field::new("row", DataType::UInt32, false)]));
+        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(UInt32Array::from(rows))])
+            .map_err(|e| invalid(e.to_string()))?;
+        PyTable::try_new(vec![batch], schema)
     }
 
     /// `(epoch_len, total_draws)` of an epoch plan, without starting a loader.

@@ -150,10 +150,16 @@ impl PyDataset {
                 _ => None,
             };
             let sampler = EpochSampler::new(sampling, weights, alias, seed, epoch, len)?;
-            Ok((start..start + count as u64).map(|k| sampler.row(k)).collect())
+            Ok((start..start + count as u64)
+                .map(|k| sampler.row(k))
+                .collect())
         })?
         .py()?;
-        let schema = Arc::new(Schema::new(vec![Field::new("row", DataType::UInt32, false)]));
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "row",
+            DataType::UInt32,
+            false,
+        )]));
         let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(UInt32Array::from(rows))])
             .map_err(|e| invalid(e.to_string()))?;
         PyTable::try_new(vec![batch], schema)

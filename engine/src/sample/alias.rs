@@ -6,12 +6,12 @@
 //! u64 n, u32 crc32c of the body, u32 reserved; body: `n` f64 probabilities
 //! then `n` u32 aliases. (Written as the in-memory bytes: little-endian hosts.)
 
-use std::io::Write;
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
 use arrow::buffer::{Buffer, ScalarBuffer};
+use memmap2::MmapOptions;
 
 use super::rng::{mix64, unit_f64};
 use crate::store::fs::{map_file, temp_sibling};
@@ -20,6 +20,57 @@ use crate::{Error, Result};
 const MAGIC: [u8; 8] = *b"DRTALIAS";
 const VERSION: u32 = 1;
 const HEADER: usize = 32;
+
+/// Fill `prob` and `alias` (each `weights.len()` long) with the alias table.
+fn fill(weights: &[f64], prob: &mut [f64], alias: &mut [u32]) -> Result<()> {
+    let n = weights.len();
+    if n == 0 || n > u32::MAX as usize {
+        return Err(Error::invalid(format!("cannot sample from {n} weights")));
+    }
+    let total: f64 = weights.iter().sum();
+    if !(total.is_finite() && total > 0.0) || weights.iter().any(|w| !w.is_finite() || *w < 0.0) {
+        return Err(Error::invalid(
+            "weights must be finite, non-negative, with a positive sum",
+        ));
+    }
+    let scale = n as f64 / total;
+    for ((p, a), (k, w)) in prob
+        .iter_mut()
+        .zip(alias.iter_mut())
+        .zip(weights.iter().enumerate())
+    {
+        *p = w * scale;
+        *a = k as u32;
+    }
+    // Vose's pairing with two forward scans instead of stacks, so memory is
+    // touched in order. `scan` looks for p < 1, `large` for p >= 1; a large
+    // entry that drops below 1 behind the scan is paired right away.
+    let next_small = |from: usize, prob: &[f64]| (from..n).find(|&k| prob[k] < 1.0).unwrap_or(n);
+    let next_large = |from: usize, prob: &[f64]| (from..n).find(|&k| prob[k] >= 1.0).unwrap_or(n);
+    let mut small = next_small(0, prob);
+    let mut scan = next_small(small.saturating_add(1), prob);
+    let mut large = next_large(0, prob);
+    while small < n && large < n {
+        alias[small] = large as u32;
+        prob[large] = (prob[large] + prob[small]) - 1.0;
+        if prob[large] < 1.0 && large < scan {
+            small = large;
+        } else {
+            small = scan;
+            scan = next_small(scan.saturating_add(1), prob);
+        }
+        if prob[large] < 1.0 {
+            large = next_large(large + 1, prob);
+        }
+    }
+    // Whatever is left unpaired (its alias is itself) is 1.0 up to rounding.
+    for (k, p) in prob.iter_mut().enumerate() {
+        if alias[k] == k as u32 {
+            *p = 1.0;
+        }
+    }
+    Ok(())
+}
 
 /// Weighted sampling with replacement in O(1) per draw.
 #[derive(Debug, Clone)]
@@ -31,54 +82,9 @@ pub struct AliasTable {
 impl AliasTable {
     /// Build from non-negative, finite weights with a positive sum.
     pub fn new(weights: &[f64]) -> Result<AliasTable> {
-        let n = weights.len();
-        if n == 0 || n > u32::MAX as usize {
-            return Err(Error::invalid(format!("cannot sample from {n} weights")));
-        }
-        let total: f64 = weights.iter().sum();
-        if !(total.is_finite() && total > 0.0) || weights.iter().any(|w| !w.is_finite() || *w < 0.0)
-        {
-            return Err(Error::invalid(
-                "weights must be finite, non-negative, with a positive sum",
-            ));
-        }
-        let scale = n as f64 / total;
-        let mut prob: Vec<f64> = weights.iter().map(|w| w * scale).collect();
-        let mut alias: Vec<u32> = (0..n as u32).collect();
-        // Vose's pairing with two forward scans instead of stacks, so memory is
-        // touched in order (100M rows: a few hundred ms instead of seconds of
-        // cache misses). `small` scans for p < 1, `large` for p >= 1; a large
-        // entry that drops below 1 behind the small scan is paired right away.
-        let next_small =
-            |from: usize, prob: &[f64]| (from..n).find(|&k| prob[k] < 1.0).unwrap_or(n);
-        let next_large =
-            |from: usize, prob: &[f64]| (from..n).find(|&k| prob[k] >= 1.0).unwrap_or(n);
-        let mut scan = next_small(0, &prob);
-        let mut large = next_large(0, &prob);
-        let mut small = scan;
-        scan = next_small(scan + 1, &prob);
-        while small < n && large < n {
-            alias[small] = large as u32;
-            prob[large] = (prob[large] + prob[small]) - 1.0;
-            if prob[large] < 1.0 {
-                if large < scan {
-                    small = large;
-                } else {
-                    small = scan;
-                    scan = next_small(scan + 1, &prob);
-                }
-                large = next_large(large + 1, &prob);
-            } else {
-                small = scan;
-                scan = next_small(scan.saturating_add(1), &prob);
-            }
-        }
-        // Whatever is left unpaired (its alias is itself) is 1.0 up to rounding.
-        for (k, p) in prob.iter_mut().enumerate() {
-            if alias[k] == k as u32 {
-                *p = 1.0;
-            }
-        }
+        let mut prob = vec![0.0f64; weights.len()];
+        let mut alias = vec![0u32; weights.len()];
+        fill(weights, &mut prob, &mut alias)?;
         Ok(AliasTable {
             prob: prob.into(),
             alias: alias.into(),
@@ -97,25 +103,41 @@ impl AliasTable {
                 Err(e) => return Err(e),
             }
         }
-        let table = AliasTable::new(weights)?;
-        let prob = table.prob.inner().as_slice();
-        let alias = table.alias.inner().as_slice();
-        let crc = crc32c::crc32c_append(crc32c::crc32c(prob), alias);
-        let mut header = [0u8; HEADER];
-        header[0..8].copy_from_slice(&MAGIC);
-        header[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        header[16..24].copy_from_slice(&(weights.len() as u64).to_le_bytes());
-        header[24..28].copy_from_slice(&crc.to_le_bytes());
+        // Build straight into the file's pages: no second copy to write out.
+        let n = weights.len();
         let tmp = temp_sibling(path);
-        let written = (|| {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&header)?;
-            f.write_all(prob)?;
-            f.write_all(alias)
+        let built = (|| -> Result<()> {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+                .map_err(Error::io(&tmp))?;
+            file.set_len((HEADER + n * 12) as u64)
+                .map_err(Error::io(&tmp))?;
+            // SAFETY: a fresh private temporary file that no one else maps.
+            let mut map =
+                unsafe { MmapOptions::new().populate().map_mut(&file) }.map_err(Error::io(&tmp))?;
+            let (header, body) = map.split_at_mut(HEADER);
+            let (prob_bytes, alias_bytes) = body.split_at_mut(n * 8);
+            // SAFETY: the mapping is page-aligned and HEADER is a multiple of 8,
+            // so both slices are aligned for their types and exactly n long.
+            let prob =
+                unsafe { std::slice::from_raw_parts_mut(prob_bytes.as_mut_ptr().cast::<f64>(), n) };
+            let alias = unsafe {
+                std::slice::from_raw_parts_mut(alias_bytes.as_mut_ptr().cast::<u32>(), n)
+            };
+            fill(weights, prob, alias)?;
+            let crc = crc32c::crc32c_append(crc32c::crc32c(prob_bytes), alias_bytes);
+            header[0..8].copy_from_slice(&MAGIC);
+            header[8..12].copy_from_slice(&VERSION.to_le_bytes());
+            header[16..24].copy_from_slice(&(n as u64).to_le_bytes());
+            header[24..28].copy_from_slice(&crc.to_le_bytes());
+            Ok(())
         })();
-        if let Err(e) = written {
+        if let Err(e) = built {
             let _ = std::fs::remove_file(&tmp);
-            return Err(Error::io(&tmp)(e));
+            return Err(e);
         }
         // Replacing is safe: readers that mapped an older copy keep its inode.
         std::fs::rename(&tmp, path).map_err(Error::io(path))?;

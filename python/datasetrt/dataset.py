@@ -11,7 +11,7 @@ from typing import Any
 import polars as pl
 
 from . import _native
-from .exceptions import DatasetRTError, InvalidInputError
+from .exceptions import CacheNotFoundError, DatasetRTError, InvalidInputError
 
 PathLike = str | os.PathLike[str]
 
@@ -151,6 +151,35 @@ class Dataset:
             )
         return self._native.update(data)
 
+    def register(self, name: str, data: Any) -> None:
+        """Make ``data`` a SQL table called ``name`` (next to ``metadata`` and ``payloads``).
+
+        ``data`` is a polars DataFrame or LazyFrame, any object with
+        ``__arrow_c_stream__`` (pyarrow, DuckDB...), or a path to a Parquet or
+        CSV file (read with polars). For example, join model losses for
+        hard-example mining::
+
+            ds.register("losses", losses_df)
+            ds.select("SELECT m.* EXCLUDE (weight), l.loss AS weight "
+                      "FROM metadata m JOIN losses l USING (cache_id, sample_id)")
+        """
+        if isinstance(data, (str, os.PathLike)):
+            path = Path(data)
+            if not path.exists():
+                raise CacheNotFoundError(f"table file not found: {path}")
+            readers = {".parquet": pl.read_parquet, ".csv": pl.read_csv}
+            if path.suffix.lower() not in readers:
+                raise InvalidInputError(f"{path}: register() reads .parquet and .csv files")
+            data = readers[path.suffix.lower()](path)
+        if isinstance(data, pl.LazyFrame):
+            data = data.collect()
+        if not hasattr(data, "__arrow_c_stream__"):
+            raise InvalidInputError(
+                f"register() takes a polars frame, an Arrow stream or a file path, "
+                f"not {type(data).__name__}"
+            )
+        self._native.register(name, data)
+
     def sql(self, query: str) -> pl.DataFrame:
         """Run SQL over table ``metadata`` (the active population); returns polars."""
         return pl.DataFrame(self._native.sql(query))
@@ -268,8 +297,9 @@ class Dataset:
         """
         if count is None:  # one epoch
             count = self._native.draw_counts(None, sampling, epoch_len, 1, 1, False)[0]
-        table = self._native.draw_rows(_check_seed(seed), check_epoch(epoch), start, count,
-                                       sampling, epoch_len)
+        table = self._native.draw_rows(
+            _check_seed(seed), check_epoch(epoch), start, count, sampling, epoch_len
+        )
         return pl.DataFrame(table)["row"]
 
     def to_torch(self, batch_size: int = 64, *, seed: int, epoch: int = 0, **options: Any):

@@ -75,7 +75,7 @@ impl PyDataset {
     fn new(py: Python<'_>, paths: Vec<PathBuf>, snapshot_dir: Option<PathBuf>) -> PyResult<Self> {
         let (inner, query) = detach(py, move || -> datasetrt::Result<_> {
             let ds = Dataset::open(&paths, OpenOptions { snapshot_dir })?;
-            let query = QuerySession::new(&ds.snapshot())?;
+            let query = QuerySession::new(&ds.snapshot(), ds.cache_set())?;
             Ok((Arc::new(ds), Arc::new(query)))
         })?
         .py()?;
@@ -243,6 +243,18 @@ impl PyDataset {
     fn update(&self, py: Python<'_>, data: AnyRecordBatch, note: String) -> PyResult<u64> {
         let (schema, batches) = collect(data)?;
         self.publish(py, schema, batches, note)
+    }
+
+    /// Register an Arrow table (any `__arrow_c_stream__` object) as `name`
+    /// for SQL next to `metadata` and `payloads`.
+    fn register(&self, name: String, data: AnyRecordBatch) -> PyResult<()> {
+        if matches!(name.as_str(), "metadata" | "payloads") || name.is_empty() {
+            return Err(invalid(format!(
+                "{name:?} is not a name a registered table can take"
+            )));
+        }
+        let (schema, batches) = collect(data)?;
+        self.query.register(&name, schema, batches).py()
     }
 
     fn sql(&self, py: Python<'_>, query: String) -> PyResult<PyTable> {

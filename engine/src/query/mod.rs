@@ -2,6 +2,7 @@
 //! snapshot, served zero-copy from its mapped file; `PayloadTakeExec` turns
 //! identities into payload bytes.
 
+pub mod payloads;
 pub mod take;
 pub mod udf;
 
@@ -10,9 +11,11 @@ use std::sync::Arc;
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::datasource::MemTable;
+use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::catalog::Snapshot;
+use crate::store::Cache;
 use crate::Result;
 
 /// Rows per output batch. DataFusion's default (8,192) would cut results into
@@ -26,14 +29,25 @@ pub struct QuerySession {
 }
 
 impl QuerySession {
-    pub fn new(snapshot: &Snapshot) -> Result<Self> {
+    /// A session with table `metadata` (the snapshot) and table `payloads`
+    /// (the caches, sorted by id), joins to which plan to `PayloadTakeExec`.
+    pub fn new(snapshot: &Snapshot, caches: Arc<[Arc<Cache>]>) -> Result<Self> {
         let partitions = std::thread::available_parallelism().map_or(2, |n| n.get());
         let config = SessionConfig::new()
             .with_batch_size(BATCH_SIZE)
             .with_target_partitions(partitions)
             .with_information_schema(true);
-        let ctx = SessionContext::new_with_config(config);
+        let state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features()
+            .with_physical_optimizer_rule(Arc::new(payloads::PayloadJoinRule))
+            .build();
+        let ctx = SessionContext::new_with_state(state);
         ctx.register_udf(udf::drt_uniform());
+        ctx.register_table(
+            "payloads",
+            Arc::new(payloads::PayloadsTable::new(caches, partitions)),
+        )?;
         let session = QuerySession { ctx, partitions };
         session.set_snapshot(snapshot)?;
         Ok(session)
@@ -51,6 +65,14 @@ impl QuerySession {
         let table = MemTable::try_new(snapshot.schema(), parts)?;
         self.ctx.deregister_table("metadata")?;
         self.ctx.register_table("metadata", Arc::new(table))?;
+        Ok(())
+    }
+
+    /// Register (or replace) an in-memory table, e.g. model losses to join.
+    pub fn register(&self, name: &str, schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<()> {
+        let table = MemTable::try_new(schema, vec![batches])?;
+        self.ctx.deregister_table(name)?;
+        self.ctx.register_table(name, Arc::new(table))?;
         Ok(())
     }
 

@@ -11,7 +11,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, LargeBinaryArray, RecordBatch};
+use arrow::array::{
+    Array, ArrayRef, AsArray, Int64Array, LargeBinaryArray, RecordBatch, StringArray,
+};
 use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -138,22 +140,131 @@ struct Read {
     entry: IndexEntry,
 }
 
-/// Output schema: the input's fields plus a non-null `data` column.
-pub fn take_schema(input: &Schema) -> SchemaRef {
-    let mut fields: Vec<Arc<Field>> = input.fields().iter().cloned().collect();
-    fields.push(Arc::new(Field::new(
-        DATA_COLUMN,
-        DataType::LargeBinary,
-        false,
-    )));
-    Arc::new(Schema::new(fields))
+/// A column the payload store can add to a row, given its identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadColumn {
+    CacheId,
+    SampleId,
+    /// Bytes on disk (index only).
+    StoredLen,
+    /// Bytes after decoding (index only).
+    RawLen,
+    /// "none", "zstd" or "lz4" (index only).
+    Codec,
+    /// CRC-32C of the stored bytes (index only).
+    Checksum,
+    /// The decoded payload: the only column that reads payload bytes.
+    Data,
 }
 
-/// The custom DataFusion node that turns identities into payload bytes.
+impl PayloadColumn {
+    pub const ALL: [PayloadColumn; 7] = [
+        PayloadColumn::CacheId,
+        PayloadColumn::SampleId,
+        PayloadColumn::StoredLen,
+        PayloadColumn::RawLen,
+        PayloadColumn::Codec,
+        PayloadColumn::Checksum,
+        PayloadColumn::Data,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PayloadColumn::CacheId => "cache_id",
+            PayloadColumn::SampleId => "sample_id",
+            PayloadColumn::StoredLen => "stored_len",
+            PayloadColumn::RawLen => "raw_len",
+            PayloadColumn::Codec => "codec",
+            PayloadColumn::Checksum => "checksum",
+            PayloadColumn::Data => DATA_COLUMN,
+        }
+    }
+
+    pub fn field(self) -> Field {
+        let ty = match self {
+            PayloadColumn::Codec => DataType::Utf8,
+            PayloadColumn::Data => DataType::LargeBinary,
+            _ => DataType::Int64,
+        };
+        Field::new(self.name(), ty, false)
+    }
+}
+
+/// The payload columns for rows `(cache_ids[i], sample_ids[i])`, in order.
+/// Only [`PayloadColumn::Data`] reads payload bytes; the rest come from the index.
+pub fn payload_columns(
+    caches: &[Arc<Cache>],
+    cache_ids: &[i64],
+    sample_ids: &[i64],
+    columns: &[PayloadColumn],
+    concurrency: usize,
+) -> Result<Vec<ArrayRef>> {
+    let needs_index = columns.iter().any(|c| {
+        matches!(
+            c,
+            PayloadColumn::StoredLen
+                | PayloadColumn::RawLen
+                | PayloadColumn::Codec
+                | PayloadColumn::Checksum
+        )
+    });
+    let entries: Vec<IndexEntry> = if needs_index {
+        let mut pos = 0usize;
+        cache_ids
+            .iter()
+            .zip(sample_ids)
+            .enumerate()
+            .map(|(i, (&cid, &sid))| {
+                if caches.get(pos).map(|c| c.id()) != Some(cid) {
+                    pos = caches.binary_search_by_key(&cid, |c| c.id()).map_err(|_| {
+                        Error::invalid(format!(
+                            "row {i}: cache_id {cid} is not a cache of this dataset"
+                        ))
+                    })?;
+                }
+                let sample = u64::try_from(sid)
+                    .map_err(|_| Error::invalid(format!("row {i}: sample_id {sid} is negative")))?;
+                caches[pos].entry(sample)
+            })
+            .collect::<Result<_>>()?
+    } else {
+        Vec::new()
+    };
+    let mut out: Vec<ArrayRef> = Vec::with_capacity(columns.len());
+    for column in columns {
+        let array: ArrayRef = match column {
+            PayloadColumn::CacheId => Arc::new(Int64Array::from(cache_ids.to_vec())),
+            PayloadColumn::SampleId => Arc::new(Int64Array::from(sample_ids.to_vec())),
+            PayloadColumn::StoredLen => Arc::new(Int64Array::from_iter_values(
+                entries.iter().map(|e| e.stored_len as i64),
+            )),
+            PayloadColumn::RawLen => Arc::new(Int64Array::from_iter_values(
+                entries.iter().map(|e| e.raw_len as i64),
+            )),
+            PayloadColumn::Codec => Arc::new(StringArray::from_iter_values(
+                entries.iter().map(|e| e.codec.name()),
+            )),
+            PayloadColumn::Checksum => Arc::new(Int64Array::from_iter_values(
+                entries.iter().map(|e| e.checksum as i64),
+            )),
+            PayloadColumn::Data => {
+                Arc::new(take_payloads(caches, cache_ids, sample_ids, concurrency)?)
+            }
+        };
+        out.push(array);
+    }
+    Ok(out)
+}
+
+/// The custom DataFusion node that turns identities into payload bytes: the
+/// same rows leave, in the same order, with `columns` appended.
 #[derive(Debug)]
 pub struct PayloadTakeExec {
     input: Arc<dyn ExecutionPlan>,
     caches: Arc<[Arc<Cache>]>,
+    /// Positions of the Int64 identity columns in the input.
+    identity: (usize, usize),
+    columns: Vec<PayloadColumn>,
     concurrency: usize,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
@@ -161,25 +272,54 @@ pub struct PayloadTakeExec {
 }
 
 impl PayloadTakeExec {
-    /// `input` must have Int64 columns `cache_id` and `sample_id`; `caches`
-    /// sorted by id.
+    /// Append `data` to an input with Int64 columns `cache_id` and `sample_id`.
     pub fn try_new(
         input: Arc<dyn ExecutionPlan>,
         caches: Arc<[Arc<Cache>]>,
         concurrency: usize,
     ) -> Result<Self> {
+        let schema = input.schema();
+        let find = |name: &str| {
+            schema.index_of(name).map_err(|_| {
+                Error::invalid(format!(
+                    "PayloadTakeExec needs a column {name:?} in its input"
+                ))
+            })
+        };
+        let identity = (find("cache_id")?, find("sample_id")?);
+        Self::with_columns(
+            input,
+            caches,
+            identity,
+            vec![PayloadColumn::Data],
+            concurrency,
+        )
+    }
+
+    /// Append `columns` to `input`, whose identity is in the Int64 columns at
+    /// positions `identity = (cache_id, sample_id)`.
+    pub fn with_columns(
+        input: Arc<dyn ExecutionPlan>,
+        caches: Arc<[Arc<Cache>]>,
+        identity: (usize, usize),
+        columns: Vec<PayloadColumn>,
+        concurrency: usize,
+    ) -> Result<Self> {
         let in_schema = input.schema();
-        for name in ["cache_id", "sample_id"] {
-            match in_schema.field_with_name(name) {
-                Ok(f) if *f.data_type() == DataType::Int64 => {}
-                _ => {
+        for i in [identity.0, identity.1] {
+            match in_schema.fields().get(i) {
+                Some(f) if *f.data_type() == DataType::Int64 => {}
+                other => {
                     return Err(Error::invalid(format!(
-                        "PayloadTakeExec needs an Int64 column {name:?} in its input"
+                        "PayloadTakeExec needs Int64 identity columns, found {:?}",
+                        other.map(|f| (f.name(), f.data_type()))
                     )))
                 }
             }
         }
-        let schema = take_schema(&in_schema);
+        let mut fields: Vec<Arc<Field>> = in_schema.fields().iter().cloned().collect();
+        fields.extend(columns.iter().map(|c| Arc::new(c.field())));
+        let schema = Arc::new(Schema::new(fields));
         let properties = PlanProperties::new(
             EquivalenceProperties::new(schema.clone()),
             input.output_partitioning().clone(),
@@ -189,6 +329,8 @@ impl PayloadTakeExec {
         Ok(PayloadTakeExec {
             input,
             caches,
+            identity,
+            columns,
             concurrency: concurrency.max(1),
             schema,
             properties: Arc::new(properties),
@@ -203,10 +345,12 @@ impl PayloadTakeExec {
 
 impl DisplayAs for PayloadTakeExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let names: Vec<&str> = self.columns.iter().map(|c| c.name()).collect();
         write!(
             f,
-            "PayloadTakeExec: caches={}, concurrency={}, verify_checksums=true",
+            "PayloadTakeExec: caches={}, columns=[{}], concurrency={}, verify_checksums=true",
             self.caches.len(),
+            names.join(", "),
             self.concurrency
         )
     }
@@ -221,30 +365,37 @@ struct TakeMetrics {
 async fn take_batch(
     batch: RecordBatch,
     caches: Arc<[Arc<Cache>]>,
+    identity: (usize, usize),
+    columns: Arc<[PayloadColumn]>,
     concurrency: usize,
+    schema: SchemaRef,
     metrics: &TakeMetrics,
 ) -> DfResult<RecordBatch> {
     let timer = metrics.read_time.timer();
-    let cache_ids = column_i64(&batch, "cache_id")?;
-    let sample_ids = column_i64(&batch, "sample_id")?;
-    let data = tokio::task::spawn_blocking(move || {
-        take_payloads(&caches, &cache_ids, &sample_ids, concurrency)
+    let cache_ids = column_i64(&batch, identity.0)?;
+    let sample_ids = column_i64(&batch, identity.1)?;
+    let cols = columns.clone();
+    let added = tokio::task::spawn_blocking(move || {
+        payload_columns(&caches, &cache_ids, &sample_ids, &cols, concurrency)
     })
     .await
     .map_err(|e| DataFusionError::Execution(format!("payload read task failed: {e}")))??;
     metrics.rows.add(batch.num_rows());
-    metrics.bytes.add(data.values().len());
+    for (c, a) in columns.iter().zip(&added) {
+        if *c == PayloadColumn::Data {
+            metrics.bytes.add(a.as_binary::<i64>().values().len());
+        }
+    }
     timer.done();
-    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
-    columns.push(Arc::new(data));
-    Ok(RecordBatch::try_new(take_schema(&batch.schema()), columns)?)
+    let mut all: Vec<ArrayRef> = batch.columns().to_vec();
+    all.extend(added);
+    Ok(RecordBatch::try_new(schema, all)?)
 }
 
-fn column_i64(batch: &RecordBatch, name: &str) -> DfResult<Arc<[i64]>> {
-    let col = batch.column_by_name(name).ok_or_else(|| {
-        DataFusionError::Execution(format!("PayloadTakeExec input lost column {name:?}"))
-    })?;
+fn column_i64(batch: &RecordBatch, index: usize) -> DfResult<Arc<[i64]>> {
+    let col = batch.column(index);
     if col.null_count() > 0 {
+        let name = batch.schema().field(index).name().clone();
         return Err(Error::invalid(format!(
             "column {name:?} has nulls; every row needs an identity"
         ))
@@ -287,9 +438,11 @@ impl ExecutionPlan for PayloadTakeExec {
                 "PayloadTakeExec takes one child".into(),
             ));
         }
-        Ok(Arc::new(PayloadTakeExec::try_new(
+        Ok(Arc::new(PayloadTakeExec::with_columns(
             children.swap_remove(0),
             self.caches.clone(),
+            self.identity,
+            self.columns.clone(),
             self.concurrency,
         )?))
     }
@@ -318,11 +471,28 @@ impl ExecutionPlan for PayloadTakeExec {
             read_time: MetricBuilder::new(&self.metrics).subset_time("read_time", partition),
         });
         let caches = self.caches.clone();
-        let concurrency = self.concurrency;
+        let columns: Arc<[PayloadColumn]> = self.columns.clone().into();
+        let (identity, concurrency, schema) =
+            (self.identity, self.concurrency, self.schema.clone());
         let stream = input.then(move |batch| {
-            let caches = caches.clone();
-            let metrics = metrics.clone();
-            async move { take_batch(batch?, caches, concurrency, &metrics).await }
+            let (caches, columns, schema, metrics) = (
+                caches.clone(),
+                columns.clone(),
+                schema.clone(),
+                metrics.clone(),
+            );
+            async move {
+                take_batch(
+                    batch?,
+                    caches,
+                    identity,
+                    columns,
+                    concurrency,
+                    schema,
+                    &metrics,
+                )
+                .await
+            }
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema.clone(),

@@ -13,7 +13,7 @@ async fn group_by_over_the_snapshot_and_follow_updates() {
     let dir = tempfile::tempdir().unwrap();
     write_cache(dir.path(), "q", 30, WriterOptions::default());
     let ds = Dataset::open(&[dir.path().to_path_buf()], OpenOptions::default()).unwrap();
-    let session = QuerySession::new(&ds.snapshot()).unwrap();
+    let session = QuerySession::new(&ds.snapshot(), ds.cache_set()).unwrap();
     let (_, batches) = session
         .sql("SELECT label, count(*) AS n FROM metadata GROUP BY label ORDER BY label")
         .await

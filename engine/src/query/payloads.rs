@@ -1,0 +1,357 @@
+//! Table `payloads`: one row per stored sample, keyed by `(cache_id,
+//! sample_id)`, with the index columns (`stored_len`, `raw_len`, `codec`,
+//! `checksum`) and `data`.
+//!
+//! Scanning it reads payload bytes only when `data` is selected. A join of any
+//! query with `payloads` on the identity is planned by [`PayloadJoinRule`] to
+//! a `PayloadTakeExec` over the other side: only the joined rows are read,
+//! never every payload.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, AsArray, RecordBatch};
+use arrow::datatypes::{Schema, SchemaRef};
+use async_trait::async_trait;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::JoinType;
+use datafusion::datasource::TableType;
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
+};
+use futures::StreamExt;
+
+use super::take::{payload_columns, PayloadColumn, PayloadTakeExec};
+use crate::store::Cache;
+
+/// Rows per batch of a full `payloads` scan.
+const SCAN_BATCH: usize = 8192;
+
+fn schema_of(columns: &[PayloadColumn]) -> SchemaRef {
+    Arc::new(Schema::new(
+        columns.iter().map(|c| c.field()).collect::<Vec<_>>(),
+    ))
+}
+
+/// The `payloads` table of a dataset.
+#[derive(Debug)]
+pub struct PayloadsTable {
+    caches: Arc<[Arc<Cache>]>,
+    concurrency: usize,
+}
+
+impl PayloadsTable {
+    pub fn new(caches: Arc<[Arc<Cache>]>, concurrency: usize) -> Self {
+        PayloadsTable {
+            caches,
+            concurrency,
+        }
+    }
+}
+
+#[async_trait]
+impl TableProvider for PayloadsTable {
+    fn schema(&self) -> SchemaRef {
+        schema_of(&PayloadColumn::ALL)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let columns: Vec<PayloadColumn> = match projection {
+            Some(p) => p.iter().map(|&i| PayloadColumn::ALL[i]).collect(),
+            None => PayloadColumn::ALL.to_vec(),
+        };
+        Ok(Arc::new(PayloadScanExec::new(
+            self.caches.clone(),
+            columns,
+            limit,
+            self.concurrency,
+        )))
+    }
+}
+
+/// A scan of every stored sample (one partition, cache by cache).
+#[derive(Debug)]
+pub struct PayloadScanExec {
+    caches: Arc<[Arc<Cache>]>,
+    columns: Vec<PayloadColumn>,
+    limit: Option<usize>,
+    concurrency: usize,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl PayloadScanExec {
+    pub fn new(
+        caches: Arc<[Arc<Cache>]>,
+        columns: Vec<PayloadColumn>,
+        limit: Option<usize>,
+        concurrency: usize,
+    ) -> Self {
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(schema_of(&columns)),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        PayloadScanExec {
+            caches,
+            columns,
+            limit,
+            concurrency,
+            properties: Arc::new(properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+
+    pub fn columns(&self) -> &[PayloadColumn] {
+        &self.columns
+    }
+}
+
+impl DisplayAs for PayloadScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let names: Vec<&str> = self.columns.iter().map(|c| c.name()).collect();
+        write!(
+            f,
+            "PayloadScanExec: caches={}, columns=[{}]",
+            self.caches.len(),
+            names.join(", ")
+        )?;
+        if let Some(l) = self.limit {
+            write!(f, ", limit={l}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for PayloadScanExec {
+    fn name(&self) -> &'static str {
+        "PayloadScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        if partition != 0 {
+            return Err(DataFusionError::Internal(format!(
+                "PayloadScanExec has one partition, not {partition}"
+            )));
+        }
+        let rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        let bytes = MetricBuilder::new(&self.metrics).counter("payload_bytes", partition);
+        let total: usize = self.caches.iter().map(|c| c.records() as usize).sum();
+        let end = self.limit.map_or(total, |l| l.min(total));
+        let mut chunks = Vec::new(); // (cache position, first sample, count)
+        let mut seen = 0usize;
+        for (pos, cache) in self.caches.iter().enumerate() {
+            let mut start = 0u64;
+            while start < cache.records() && seen < end {
+                let n = (cache.records() - start)
+                    .min(SCAN_BATCH as u64)
+                    .min((end - seen) as u64);
+                chunks.push((pos, start, n));
+                start += n;
+                seen += n as usize;
+            }
+        }
+        let caches = self.caches.clone();
+        let columns = self.columns.clone();
+        let schema = schema_of(&columns);
+        let concurrency = self.concurrency;
+        let out_schema = schema.clone();
+        let stream = futures::stream::iter(chunks).map(move |(pos, start, n)| {
+            let id = caches[pos].id();
+            let cache_ids = vec![id; n as usize];
+            let sample_ids: Vec<i64> = (start as i64..(start + n) as i64).collect();
+            let arrays: Vec<ArrayRef> =
+                payload_columns(&caches, &cache_ids, &sample_ids, &columns, concurrency)?;
+            rows.add(n as usize);
+            for (c, a) in columns.iter().zip(&arrays) {
+                if *c == PayloadColumn::Data {
+                    bytes.add(a.as_binary::<i64>().values().len());
+                }
+            }
+            Ok(RecordBatch::try_new(out_schema.clone(), arrays)?)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}
+
+/// Plans `... JOIN payloads ON/USING (cache_id, sample_id)` as a
+/// `PayloadTakeExec` over the other side of the join.
+#[derive(Debug, Default)]
+pub struct PayloadJoinRule;
+
+/// The payload scan under pass-through nodes (repartition, coalesce partitions), if any.
+fn payload_scan(plan: &Arc<dyn ExecutionPlan>) -> Option<&PayloadScanExec> {
+    let any = plan.as_ref() as &dyn std::any::Any;
+    if let Some(scan) = any.downcast_ref::<PayloadScanExec>() {
+        return Some(scan);
+    }
+    let passthrough = any.is::<RepartitionExec>() || any.is::<CoalescePartitionsExec>();
+    match (passthrough, plan.children().as_slice()) {
+        (true, [child]) => payload_scan(child),
+        _ => None,
+    }
+}
+
+fn column_index(expr: &Arc<dyn PhysicalExpr>) -> Option<(usize, String)> {
+    let col = (expr.as_ref() as &dyn std::any::Any).downcast_ref::<Column>()?;
+    Some((col.index(), col.name().to_string()))
+}
+
+fn rewrite(join: &HashJoinExec) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
+    if *join.join_type() != JoinType::Inner || join.filter().is_some() {
+        return Ok(None);
+    }
+    let (scan, other, scan_is_left) = match (payload_scan(join.left()), payload_scan(join.right()))
+    {
+        (Some(scan), None) => (scan, join.right(), true),
+        (None, Some(scan)) => (scan, join.left(), false),
+        _ => return Ok(None),
+    };
+    // the join keys must be exactly the identity, each matched once
+    let mut cache_col = None;
+    let mut sample_col = None;
+    for (l, r) in join.on() {
+        let (scan_side, other_side) = if scan_is_left { (l, r) } else { (r, l) };
+        let (Some((si, _)), Some((oi, _))) = (column_index(scan_side), column_index(other_side))
+        else {
+            return Ok(None);
+        };
+        match scan.columns().get(si) {
+            Some(PayloadColumn::CacheId) if cache_col.is_none() => cache_col = Some(oi),
+            Some(PayloadColumn::SampleId) if sample_col.is_none() => sample_col = Some(oi),
+            _ => return Ok(None),
+        }
+    }
+    let (Some(cache_col), Some(sample_col)) = (cache_col, sample_col) else {
+        return Ok(None);
+    };
+    if join.on().len() != 2 {
+        return Ok(None);
+    }
+    let take: Arc<dyn ExecutionPlan> = Arc::new(PayloadTakeExec::with_columns(
+        other.clone(),
+        scan.caches.clone(),
+        (cache_col, sample_col),
+        scan.columns().to_vec(),
+        scan.concurrency,
+    )?);
+    // The join's output is left ++ right; the take's is other ++ scan.
+    let other_n = other.schema().fields().len();
+    let scan_n = scan.columns().len();
+    let join_order: Vec<usize> = if scan_is_left {
+        (other_n..other_n + scan_n).chain(0..other_n).collect()
+    } else {
+        (0..other_n + scan_n).collect()
+    };
+    let wanted: Vec<usize> = match &join.projection {
+        Some(p) => p.iter().map(|&i| join_order[i]).collect(),
+        None => join_order,
+    };
+    let identity: Vec<usize> = (0..other_n + scan_n).collect();
+    if wanted == identity {
+        return Ok(Some(take));
+    }
+    let join_schema = join.schema();
+    let take_schema = take.schema();
+    let exprs: Vec<(Arc<dyn PhysicalExpr>, String)> = wanted
+        .iter()
+        .zip(join_schema.fields())
+        .map(|(&i, out)| {
+            let col: Arc<dyn PhysicalExpr> = Arc::new(Column::new(take_schema.field(i).name(), i));
+            (col, out.name().clone())
+        })
+        .collect();
+    Ok(Some(Arc::new(ProjectionExec::try_new(exprs, take)?)))
+}
+
+impl PhysicalOptimizerRule for PayloadJoinRule {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            let any = node.as_ref() as &dyn std::any::Any;
+            match any.downcast_ref::<HashJoinExec>() {
+                Some(join) => match rewrite(join)? {
+                    Some(new) => Ok(Transformed::yes(new)),
+                    None => Ok(Transformed::no(node)),
+                },
+                None => Ok(Transformed::no(node)),
+            }
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "payload_join"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,124 @@
+"""SQL over payloads: joins plan to PayloadTakeExec, index columns read no
+payload bytes, registered tables join like metadata; Arrow interop."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+import datasetrt as drt
+
+JOIN = (
+    "SELECT m.cache_id, m.sample_id, p.data FROM metadata m "
+    "JOIN payloads p USING (cache_id, sample_id)"
+)
+
+
+def physical_plan(ds, query: str) -> str:
+    plans = ds.sql("EXPLAIN " + query)
+    return plans.filter(pl.col("plan_type") == "physical_plan")["plan"][0]
+
+
+def by_id(ds, sources):
+    return {c["cache_id"]: next(s for s in sources if s.name == c["name"]) for c in ds.caches}
+
+
+def test_a_join_with_payloads_plans_to_a_take_not_a_scan(two_caches):
+    ds, _, _ = two_caches
+    plan = physical_plan(ds, JOIN + " WHERE m.label = 3")
+    assert "PayloadTakeExec" in plan
+    assert "HashJoinExec" not in plan and "PayloadScanExec" not in plan
+
+
+@pytest.mark.parametrize(
+    "where", ["WHERE m.label = 3", "WHERE m.quality > 0.5 AND m.split = 'val'", ""]
+)
+def test_joined_payloads_are_the_bytes_written(two_caches, where):
+    ds, _, sources = two_caches
+    src = by_id(ds, sources)
+    got = ds.sql(f"{JOIN} {where}")
+    expected_rows = ds.sql(f"SELECT count(*) AS n FROM metadata m {where}")["n"][0]
+    assert got.height == expected_rows
+    for cid, sid, data in got.iter_rows():
+        assert data == src[cid].payload(sid)
+
+
+def test_order_by_and_limit_around_a_payload_join(two_caches):
+    ds, _, sources = two_caches
+    src = by_id(ds, sources)
+    got = ds.sql(JOIN + " ORDER BY m.sample_id DESC, m.cache_id LIMIT 7")
+    assert got["sample_id"].to_list() == sorted(got["sample_id"].to_list(), reverse=True)
+    assert got.height == 7
+    assert all(d == src[c].payload(s) for c, s, d in got.iter_rows())
+    # the payloads side may come first in the query
+    flipped = ds.sql(
+        "SELECT p.data, m.sample_id FROM payloads p JOIN metadata m "
+        "ON p.cache_id = m.cache_id AND p.sample_id = m.sample_id "
+        "WHERE m.label = 1"
+    )
+    assert flipped.columns == ["data", "sample_id"] and flipped.height == 80
+    assert "PayloadTakeExec" in physical_plan(
+        ds, "SELECT p.data FROM payloads p JOIN metadata m USING (cache_id, sample_id)"
+    )
+
+
+def test_index_only_columns_read_no_payload_bytes(two_caches):
+    ds, _, sources = two_caches
+    src = by_id(ds, sources)
+    analyzed = ds.sql("EXPLAIN ANALYZE SELECT cache_id, sample_id, raw_len, codec FROM payloads")
+    text = "\n".join(analyzed["plan"].to_list())
+    assert "payload_bytes=0" in text and "output_rows=800" in text
+    table = ds.sql("SELECT cache_id, sample_id, raw_len, stored_len, codec FROM payloads")
+    assert table.height == 800
+    for cid, sid, raw_len, stored_len, codec in table.iter_rows():
+        assert raw_len == len(src[cid].payload(sid))
+        assert codec in ("none", "zstd") and (stored_len == raw_len) == (codec == "none")
+    joined = ds.sql(
+        "EXPLAIN ANALYZE SELECT m.sample_id, p.raw_len FROM metadata m "
+        "JOIN payloads p USING (cache_id, sample_id) WHERE m.label = 2"
+    )
+    assert "payload_bytes=0" in "\n".join(joined["plan"].to_list())
+
+
+def test_a_registered_losses_table_drives_hard_example_weights(two_caches, tmp_path):
+    ds, _, _ = two_caches
+    meta = ds.get_metadata()
+    losses = meta.select("cache_id", "sample_id").with_columns(
+        (pl.col("sample_id") % 7 + 0.5).alias("loss")
+    )
+    ds.register("losses", losses)
+    ds.select(
+        "SELECT m.cache_id, m.sample_id, m.label, l.loss AS weight "
+        "FROM metadata m JOIN losses l USING (cache_id, sample_id)"
+    )
+    got = ds.get_metadata().sort("cache_id", "sample_id")
+    assert got["weight"].to_list() == (got["sample_id"] % 7 + 0.5).cast(pl.Float64).to_list()
+    # a file path works too, and joins with payloads plan to a take
+    losses.write_parquet(tmp_path / "losses.parquet")
+    ds.register("losses_file", tmp_path / "losses.parquet")
+    plan = physical_plan(
+        ds,
+        "SELECT l.loss, p.data FROM losses_file l "
+        "JOIN payloads p USING (cache_id, sample_id) WHERE l.loss > 6",
+    )
+    assert "PayloadTakeExec" in plan
+    with pytest.raises(drt.InvalidInputError, match="metadata"):
+        ds.register("metadata", losses)
+    with pytest.raises(drt.CacheNotFoundError):
+        ds.register("x", tmp_path / "missing.csv")
+
+
+def test_pyarrow_and_duckdb_read_results_through_pycapsules(two_caches):
+    pa = pytest.importorskip("pyarrow")
+    duckdb = pytest.importorskip("duckdb")
+    ds, _, _ = two_caches
+    table = pa.table(ds._native.metadata())
+    assert table.num_rows == 800 and table.column_names[:2] == ["cache_id", "sample_id"]
+    counts = pa.table(ds._native.sql("SELECT label, count(*) AS n FROM metadata GROUP BY label"))
+    assert sorted(counts.column("n").to_pylist()) == [80] * 10
+    meta = ds.get_metadata()  # noqa: F841  (read by DuckDB's replacement scan)
+    n = duckdb.sql("SELECT count(*) FROM meta WHERE label = 4").fetchall()[0][0]
+    assert n == 80
+    # and back: a DuckDB relation (an Arrow C stream) updates the population
+    ds.update_metadata(duckdb.sql("SELECT * FROM meta WHERE split = 'val'"))
+    assert len(ds) == 160

@@ -39,7 +39,7 @@ def test_explain_shows_the_loader_plan(two_caches):
     ds, _, _ = two_caches
     loader = ds.loader(batch_size=16, seed=1, threads=2)
     plan = loader.explain()
-    assert "PayloadTakeExec: caches=2, concurrency=2" in plan
+    assert "PayloadTakeExec: caches=2, columns=[data], concurrency=2" in plan
     assert "SampleExec: snapshot=0" in plan and "seed=1" in plan
     assert plan.index("PayloadTakeExec") < plan.index("SampleExec")
     sum(len(b) for b in loader)
@@ -164,8 +164,9 @@ def test_read_ahead_stays_within_its_byte_budget_with_4_mib_payloads(tmp_path):
     assert total == 48 * 4 * mib
     # 192 MiB were read. Beyond the read-ahead budget, memory holds batches of
     # 8 MiB: one being read, one waiting for budget, the one being handed to
-    # Python (briefly as Arrow and as bytes objects) and the one Python holds.
-    assert grown < budget + 5 * 8 * mib, f"anonymous memory grew by {grown / mib:.0f} MiB"
+    # Python (briefly as Arrow and as bytes objects) and the one Python holds;
+    # the allocator may keep a freed batch per reading thread.
+    assert grown < budget + 6 * 8 * mib, f"anonymous memory grew by {grown / mib:.0f} MiB"
 
 
 def test_the_dataset_pickles_into_workers_at_its_snapshot(two_caches):

@@ -188,9 +188,84 @@ class Dataset:
         """Make the result of ``query`` the population; returns the snapshot number."""
         return self._native.select(query)
 
-    def checkout(self, version: int) -> int:
-        """Make an earlier snapshot the active population again."""
+    def apply_sql(self, recipe: str | os.PathLike[str], **params: Any) -> int:
+        """Run a SQL recipe (a name from ``sql/`` or a ``.sql`` path) with
+        ``:name`` parameters and make its result the population.
+
+        >>> ds.apply_sql("dev_subset", seed=7, fraction=0.1)  # doctest: +SKIP
+        """
+        from . import recipes
+
+        label, text = recipes.load(recipe)
+        query = recipes.render(text, params)
+        return self._native.select(query, note=f"apply_sql {label} {params}")
+
+    def checkout(self, version: int | str) -> int:
+        """Make an earlier snapshot (a number or a tag) the active population again."""
+        if isinstance(version, str):
+            tags = self._native.tags()
+            if version not in tags:
+                raise InvalidInputError(f"no tag {version!r}; tags: {sorted(tags)}")
+            version = tags[version]
         return self._native.checkout(version)
+
+    def tag(self, name: str, version: int | None = None) -> None:
+        """Name a snapshot (default: the active one); tagged snapshots survive cleanup."""
+        self._native.tag(name, version)
+
+    def tags(self) -> dict[str, int]:
+        """Every tag and the snapshot number it names."""
+        return dict(self._native.tags())
+
+    def cleanup(self, keep: int = 10) -> list[int]:
+        """Delete snapshots except the newest ``keep``, the tagged ones and the
+        active one, and the column files no remaining snapshot uses. Returns the
+        deleted snapshot numbers. Run it while no other process updates this
+        dataset's population."""
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+            raise InvalidInputError(f"keep must be a non-negative int, got {keep!r}")
+        self._frame = None
+        return self._native.cleanup(keep)
+
+    def diff(self, a: int | str, b: int | str) -> pl.DataFrame:
+        """How population ``b`` differs from ``a``, per stored sample.
+
+        One row per ``(cache_id, sample_id)`` that changed, with its number of
+        rows and total weight in each snapshot and ``change``: ``"added"``
+        (more rows in ``b``), ``"removed"`` (fewer), or ``"reweighted"`` (as
+        many rows, another total weight).
+        """
+        tags = self._native.tags()
+        a, b = (tags.get(v, v) if isinstance(v, str) else v for v in (a, b))
+
+        def per_sample(version: int) -> pl.DataFrame:
+            frame = pl.DataFrame(self._native.metadata(version))
+            return frame.group_by("cache_id", "sample_id").agg(
+                pl.len().alias("rows"), pl.col("weight").sum().alias("weight")
+            )
+
+        joined = per_sample(a).join(
+            per_sample(b), on=["cache_id", "sample_id"], how="full", coalesce=True, suffix="_b"
+        )
+        joined = joined.rename({"rows": "rows_a", "weight": "weight_a"}).with_columns(
+            pl.col("rows_a", "rows_b").fill_null(0).cast(pl.Int64),
+            pl.col("weight_a", "weight_b").fill_null(0.0),
+        )
+        change = (
+            pl.when(pl.col("rows_b") > pl.col("rows_a"))
+            .then(pl.lit("added"))
+            .when(pl.col("rows_b") < pl.col("rows_a"))
+            .then(pl.lit("removed"))
+            .when(pl.col("weight_b") != pl.col("weight_a"))
+            .then(pl.lit("reweighted"))
+            .otherwise(None)
+        )
+        return (
+            joined.with_columns(change.alias("change"))
+            .filter(pl.col("change").is_not_null())
+            .sort("cache_id", "sample_id")
+            .select("cache_id", "sample_id", "rows_a", "rows_b", "weight_a", "weight_b", "change")
+        )
 
     # -- reading -----------------------------------------------------------------
     def get_item(self, cache_id: int, sample_id: int) -> Sample:

@@ -264,11 +264,30 @@ impl PyDataset {
     }
 
     /// Set the population to the result of `query`; returns the snapshot number.
-    fn select(&self, py: Python<'_>, query: String) -> PyResult<u64> {
+    #[pyo3(signature = (query, note=None))]
+    fn select(&self, py: Python<'_>, query: String, note: Option<String>) -> PyResult<u64> {
         let session = self.query.clone();
-        let note = format!("select: {query}");
+        let note = note.unwrap_or_else(|| format!("select: {query}"));
         let (schema, batches) = wait(py, async move { session.sql(&query).await })?.py()?;
         self.publish(py, schema, batches, note)
+    }
+
+    /// Name snapshot `number` (default: the active one).
+    #[pyo3(signature = (name, number=None))]
+    fn tag(&self, name: &str, number: Option<u64>) -> PyResult<()> {
+        let number = number.unwrap_or_else(|| self.inner.snapshot().number());
+        self.inner.tag(name, number).py()
+    }
+
+    fn tags(&self) -> PyResult<std::collections::BTreeMap<String, u64>> {
+        self.inner.tags().py()
+    }
+
+    /// Keep the newest `keep` snapshots, the tagged ones and the active one.
+    fn cleanup(&self, py: Python<'_>, keep: usize) -> PyResult<Vec<u64>> {
+        let _guard = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = self.inner.clone();
+        detach(py, move || inner.cleanup(keep))?.py()
     }
 
     fn checkout(&self, py: Python<'_>, number: u64) -> PyResult<u64> {

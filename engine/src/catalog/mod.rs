@@ -14,11 +14,14 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
 pub use snapshot::Snapshot;
 
-use crate::store::Cache;
+use crate::store::{fs, Cache};
 use crate::{Error, Result};
 
 /// Columns DatasetRT owns: source metadata may not use these keys.
 pub const RESERVED_COLUMNS: [&str; 3] = ["cache_id", "sample_id", "weight"];
+
+/// Where tags live, inside a dataset's snapshot directory.
+pub const TAGS_DIR: &str = "tags";
 
 /// Name of the directory, inside a dataset root, that holds snapshots by default.
 pub const SNAPSHOTS_DIR: &str = "_snapshots";
@@ -202,6 +205,92 @@ impl Dataset {
         let snapshot = Arc::new(Snapshot::open(&self.snapshot_dir, number)?);
         *active = snapshot.clone();
         Ok(snapshot)
+    }
+
+    /// Give snapshot `number` a name; named snapshots survive [`Dataset::cleanup`].
+    pub fn tag(&self, name: &str, number: u64) -> Result<()> {
+        let ok = !name.is_empty()
+            && name.len() <= 100
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+            && !name.starts_with('.');
+        if !ok {
+            return Err(Error::invalid(format!(
+                "invalid tag {name:?}: use 1-100 characters from [A-Za-z0-9._-], not starting with '.'"
+            )));
+        }
+        if !self.snapshot_numbers()?.contains(&number) {
+            return Err(Error::invalid(format!(
+                "there is no snapshot {number} to tag"
+            )));
+        }
+        let dir = self.snapshot_dir.join(TAGS_DIR);
+        std::fs::create_dir_all(&dir).map_err(Error::io(&dir))?;
+        fs::write_atomic(&dir.join(name), format!("{number}\n").as_bytes())
+    }
+
+    /// Every tag and the snapshot it names.
+    pub fn tags(&self) -> Result<BTreeMap<String, u64>> {
+        let dir = self.snapshot_dir.join(TAGS_DIR);
+        let mut tags = BTreeMap::new();
+        if !dir.is_dir() {
+            return Ok(tags);
+        }
+        for entry in std::fs::read_dir(&dir).map_err(Error::io(&dir))? {
+            let entry = entry.map_err(Error::io(&dir))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            let text = std::fs::read_to_string(entry.path()).map_err(Error::io(entry.path()))?;
+            let number = text.trim().parse().map_err(|_| {
+                Error::corrupt(
+                    entry.path(),
+                    format!("tag file holds {text:?}, not a snapshot number"),
+                )
+            })?;
+            tags.insert(name, number);
+        }
+        Ok(tags)
+    }
+
+    /// Delete every snapshot except the newest `keep`, the tagged ones and the
+    /// active one, then every column and alias file no remaining snapshot uses.
+    /// Returns the deleted snapshot numbers. Run it while no other process
+    /// publishes snapshots of this dataset.
+    pub fn cleanup(&self, keep: usize) -> Result<Vec<u64>> {
+        let numbers = self.snapshot_numbers()?;
+        let mut kept: std::collections::BTreeSet<u64> =
+            numbers.iter().rev().take(keep).copied().collect();
+        kept.extend(self.tags()?.values().copied());
+        kept.insert(self.snapshot().number());
+        let removed: Vec<u64> = numbers
+            .iter()
+            .copied()
+            .filter(|n| !kept.contains(n))
+            .collect();
+        let mut used = std::collections::HashSet::new();
+        for &n in &kept {
+            if numbers.contains(&n) {
+                used.extend(snapshot::manifest_columns(&self.snapshot_dir, n)?);
+            }
+        }
+        for &n in &removed {
+            let path = self.snapshot_dir.join(Snapshot::file_name(n));
+            std::fs::remove_file(&path).map_err(Error::io(&path))?;
+        }
+        let columns = self.snapshot_dir.join(snapshot::COLUMNS_DIR);
+        for entry in std::fs::read_dir(&columns).map_err(Error::io(&columns))? {
+            let entry = entry.map_err(Error::io(&columns))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let stem = name.split('.').next().unwrap_or_default();
+            if !name.starts_with('.') && !used.contains(stem) {
+                std::fs::remove_file(entry.path()).map_err(Error::io(entry.path()))?;
+            }
+        }
+        fs::sync_dir(&self.snapshot_dir)?;
+        Ok(removed)
     }
 
     /// Snapshot `number`, without making it active.

@@ -171,6 +171,27 @@ pub fn publish(
     Ok(n)
 }
 
+/// The column hashes a snapshot manifest names (checksum verified).
+pub fn manifest_columns(dir: &Path, number: u64) -> Result<Vec<String>> {
+    let path = dir.join(Snapshot::file_name(number));
+    let raw = std::fs::read(&path).map_err(Error::io(&path))?;
+    let text = std::str::from_utf8(&raw)
+        .map_err(|_| Error::corrupt(&path, "snapshot manifest is not UTF-8"))?;
+    let split = text
+        .rfind("checksum=")
+        .ok_or_else(|| Error::corrupt(&path, "no checksum line"))?;
+    let stored = u32::from_str_radix(text[split + 9..].trim(), 16)
+        .map_err(|_| Error::corrupt(&path, "unreadable checksum"))?;
+    if crc32c::crc32c(&raw[..split]) != stored {
+        return Err(Error::corrupt(&path, "snapshot manifest checksum mismatch"));
+    }
+    Ok(text[..split]
+        .lines()
+        .filter_map(|l| l.strip_prefix("column="))
+        .filter_map(|v| v.split_once(' ').map(|(hash, _)| hash.to_string()))
+        .collect())
+}
+
 impl Snapshot {
     pub fn file_name(number: u64) -> String {
         format!("{number:08}.snapshot")

@@ -1,0 +1,59 @@
+"""Named snapshots: tags, checkout, diff and cleanup."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+import datasetrt as drt
+
+
+def test_diff_reports_added_removed_and_reweighted_samples(two_caches):
+    ds, _, _ = two_caches
+    meta = ds.get_metadata()
+    a = ds.version
+    changed = pl.concat(
+        [
+            meta.filter(pl.col("sample_id") >= 2),  # samples 0, 1 removed
+            meta.filter(pl.col("sample_id") == 5),  # sample 5 added once more
+        ]
+    ).with_columns(
+        pl.when(pl.col("sample_id") == 9).then(3.0).otherwise(pl.col("weight")).alias("weight")
+    )
+    b = ds.update_metadata(changed)
+    diff = ds.diff(a, b)
+    by_change = {c: diff.filter(pl.col("change") == c) for c in ("added", "removed", "reweighted")}
+    assert sorted(by_change["removed"]["sample_id"].to_list()) == [0, 0, 1, 1]  # both caches
+    assert sorted(by_change["added"]["sample_id"].to_list()) == [5, 5]
+    assert by_change["added"]["rows_b"].to_list() == [2, 2]
+    assert sorted(by_change["reweighted"]["sample_id"].to_list()) == [9, 9]
+    assert by_change["reweighted"]["weight_b"].to_list() == [3.0, 3.0]
+    assert diff.height == 8
+    assert ds.diff(b, b).height == 0
+
+
+def test_tags_name_snapshots_and_survive_cleanup(two_caches):
+    ds, root, _ = two_caches
+    meta = ds.get_metadata()
+    for n in (700, 600, 500, 400):
+        ds.update_metadata(meta.head(n))
+    ds.tag("paper-run", 2)
+    assert ds.tags() == {"paper-run": 2}
+    fingerprint_2 = ds.history().filter(pl.col("version") == 2)["fingerprint"][0]
+    columns = ds.snapshot_path.parent / "columns"
+    before = len(list(columns.iterdir()))
+    removed = ds.cleanup(keep=1)
+    assert removed == [0, 1, 3]
+    assert ds.history()["version"].to_list() == [2, 4]
+    assert len(list(columns.iterdir())) < before
+    # the kept snapshots still open, read and reproduce their populations
+    assert len(drt.open(root)) == 400
+    ds.checkout("paper-run")
+    assert len(ds) == 600 and ds.fingerprint == fingerprint_2
+    assert sum(len(b) for b in ds.loader(100, seed=1)) == 600
+    with pytest.raises(drt.InvalidInputError, match="no tag 'nope'"):
+        ds.checkout("nope")
+    with pytest.raises(drt.InvalidInputError, match="invalid tag"):
+        ds.tag("../escape")
+    with pytest.raises(drt.InvalidInputError, match="no snapshot 0"):
+        ds.tag("gone", 0)

@@ -440,7 +440,7 @@ impl PyLoader {
         let rows = b.column(1).as_primitive::<UInt32Type>().values().to_vec();
         let cache_ids = b.column(2).as_primitive::<Int64Type>().values().to_vec();
         let sample_ids = b.column(3).as_primitive::<Int64Type>().values().to_vec();
-        let data = b.column(4).as_binary::<i64>();
+        let data = b.column(4).as_binary_view();
         let list = PyList::empty(py);
         for v in data.iter() {
             list.append(PyBytes::new(py, v.unwrap_or_default()))?;

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 
 use super::draws::{DrawPlan, SampleExec};
 use crate::catalog::{Dataset, Snapshot};
-use crate::query::take::PayloadTakeExec;
+use crate::query::take::{binary_view_bytes, PayloadTakeExec};
 use crate::{Error, Result};
 
 /// Read-ahead limits and read concurrency.
@@ -98,7 +98,10 @@ impl Loader {
             while let Some(next) = stream.next().await {
                 let item = match next {
                     Ok(batch) => {
-                        let bytes = batch.get_array_memory_size().clamp(1, budget);
+                        // payload bytes (views may point into shared, mapped shards)
+                        let data = batch.column(batch.num_columns() - 1);
+                        let bytes = (binary_view_bytes(data.as_ref()) + batch.num_rows() * 16)
+                            .clamp(1, budget);
                         match semaphore.clone().acquire_many_owned(bytes as u32).await {
                             Ok(permit) => Ok(LoadedBatch {
                                 batch,

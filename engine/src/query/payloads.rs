@@ -10,7 +10,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, AsArray, RecordBatch};
+use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::{Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::catalog::{Session, TableProvider};
@@ -225,7 +225,7 @@ impl ExecutionPlan for PayloadScanExec {
             rows.add(n as usize);
             for (c, a) in columns.iter().zip(&arrays) {
                 if *c == PayloadColumn::Data {
-                    bytes.add(a.as_binary::<i64>().values().len());
+                    bytes.add(super::take::binary_view_bytes(a.as_ref()));
                 }
             }
             Ok(RecordBatch::try_new(out_schema.clone(), arrays)?)

@@ -11,10 +11,11 @@
 use std::fmt;
 use std::sync::Arc;
 
+use arrow::array::builder::BinaryViewBuilder;
 use arrow::array::{
-    Array, ArrayRef, AsArray, Int64Array, LargeBinaryArray, RecordBatch, StringArray,
+    Array, ArrayRef, AsArray, BinaryViewArray, Int64Array, RecordBatch, StringArray,
 };
-use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
+use arrow::buffer::Buffer;
 use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DfResult};
@@ -31,7 +32,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use crate::store::{Cache, IndexEntry};
+use crate::store::{Cache, Codec, IndexEntry};
 use crate::{Error, Result};
 
 /// Name of the payload column the node appends.
@@ -42,22 +43,23 @@ pub const DATA_COLUMN: &str = "data";
 const MIN_ROWS_PER_GROUP: usize = 32;
 const MIN_BYTES_PER_GROUP: usize = 4 << 20;
 
-/// Decoded payloads of a list of `(cache_id, sample_id)`, in input order.
+/// Decoded payloads of a list of `(cache_id, sample_id)`, in input order, as
+/// a `BinaryView` array.
 ///
-/// Index entries are read first, so every payload's size is known: the output
-/// buffer is allocated once and each record is decoded straight into its final
-/// place. Reads are sorted by (cache, shard, offset) for locality and split
-/// into up to `concurrency` groups that run on scoped threads.
+/// Records stored raw are not copied: after their checksum is verified the
+/// array's views point straight into the mapped shard (page cache). Compressed
+/// records are decoded into one buffer per read group. Reads are sorted by
+/// (cache, shard, offset) for locality and split into up to `concurrency`
+/// groups on scoped threads.
 pub fn take_payloads(
     caches: &[Arc<Cache>],
     cache_ids: &[i64],
     sample_ids: &[i64],
     concurrency: usize,
-) -> Result<LargeBinaryArray> {
+) -> Result<BinaryViewArray> {
     let n = cache_ids.len();
     let mut reads: Vec<Read> = Vec::with_capacity(n);
-    let mut offsets: Vec<i64> = Vec::with_capacity(n + 1);
-    offsets.push(0);
+    let mut total = 0usize;
     let mut pos = 0usize;
     for (i, (&cid, &sid)) in cache_ids.iter().zip(sample_ids).enumerate() {
         if caches.get(pos).map(|c| c.id()) != Some(cid) {
@@ -70,23 +72,12 @@ pub fn take_payloads(
         let sample = u64::try_from(sid)
             .map_err(|_| Error::invalid(format!("row {i}: sample_id {sid} is negative")))?;
         let entry = caches[pos].entry(sample)?;
-        offsets.push(offsets[i] + entry.raw_len as i64);
+        total += entry.raw_len as usize;
         reads.push(Read {
             cache: pos as u32,
             sample,
             entry,
         });
-    }
-    let total = offsets[n] as usize;
-    let mut values = vec![0u8; total];
-
-    // One output slice per row, in input order, then grouped in address order.
-    let mut slices: Vec<Option<&mut [u8]>> = Vec::with_capacity(n);
-    let mut rest: &mut [u8] = &mut values;
-    for r in &reads {
-        let (head, tail) = rest.split_at_mut(r.entry.raw_len as usize);
-        slices.push(Some(head));
-        rest = tail;
     }
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_unstable_by_key(|&i| (reads[i].cache, reads[i].entry.shard, reads[i].entry.offset));
@@ -95,42 +86,98 @@ pub fn take_payloads(
         .min(total.div_ceil(MIN_BYTES_PER_GROUP))
         .max(1);
     let per = n.div_ceil(groups).max(1);
-    let mut work: Vec<Vec<(&Read, &mut [u8])>> = order
-        .chunks(per)
-        .map(|chunk| {
-            chunk
-                .iter()
-                .map(|&i| (&reads[i], slices[i].take().expect("each row once")))
-                .collect()
-        })
-        .collect();
-    let run = |group: Vec<(&Read, &mut [u8])>| -> Result<()> {
-        for (r, out) in group {
-            caches[r.cache as usize].read_entry(r.sample, &r.entry, out, true)?;
+    let run = |rows: &[usize]| -> Result<GroupOutput> {
+        let mut out = GroupOutput {
+            owned: Vec::new(),
+            pieces: Vec::with_capacity(rows.len()),
+        };
+        for &row in rows {
+            let r = &reads[row];
+            let cache = &caches[r.cache as usize];
+            let (shard, start, end) = cache.stored(r.sample, &r.entry, true)?;
+            let piece = if r.entry.codec == Codec::None && shard.len() < u32::MAX as usize {
+                Piece::Shard {
+                    start: start as u32,
+                    len: (end - start) as u32,
+                }
+            } else {
+                let at = out.owned.len();
+                out.owned.resize(at + r.entry.raw_len as usize, 0);
+                cache.read_entry(r.sample, &r.entry, &mut out.owned[at..], false)?;
+                Piece::Owned {
+                    start: at,
+                    len: r.entry.raw_len as usize,
+                }
+            };
+            out.pieces.push((row as u32, piece));
         }
-        Ok(())
+        Ok(out)
     };
-    if work.len() <= 1 {
-        work.pop().map_or(Ok(()), run)?;
+    let chunks: Vec<&[usize]> = order.chunks(per).collect();
+    let outputs: Vec<GroupOutput> = if chunks.len() <= 1 {
+        chunks.into_iter().map(run).collect::<Result<_>>()?
     } else {
         std::thread::scope(|scope| {
-            let last = work.pop().expect("several groups");
-            let handles: Vec<_> = work.into_iter().map(|g| scope.spawn(|| run(g))).collect();
-            let mut result = run(last);
-            for h in handles {
-                let r = h
-                    .join()
-                    .unwrap_or_else(|_| Err(Error::invalid("payload read thread panicked")));
-                result = result.and(r);
-            }
-            result
-        })?;
+            let handles: Vec<_> = chunks[1..].iter().map(|c| scope.spawn(|| run(c))).collect();
+            let mut outs = vec![run(chunks[0])];
+            outs.extend(handles.into_iter().map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::invalid("payload read thread panicked")))
+            }));
+            outs.into_iter().collect::<Result<Vec<_>>>()
+        })?
+    };
+
+    // Assemble in input order: shard blocks once per (cache, shard), one block per group.
+    let mut builder = BinaryViewBuilder::with_capacity(n);
+    let mut shard_blocks: std::collections::HashMap<(u32, u32), u32> =
+        std::collections::HashMap::new();
+    let mut placed: Vec<(u32, u32, u32)> = vec![(0, 0, 0); n]; // (block, offset, len)
+    for out in outputs {
+        let group_block =
+            (!out.owned.is_empty()).then(|| builder.append_block(Buffer::from_vec(out.owned)));
+        for (row, piece) in out.pieces {
+            let r = &reads[row as usize];
+            placed[row as usize] = match piece {
+                Piece::Shard { start, len } => {
+                    let key = (r.cache, r.entry.shard);
+                    let block = match shard_blocks.get(&key) {
+                        Some(&b) => b,
+                        None => {
+                            let (shard, _, _) =
+                                caches[r.cache as usize].stored(r.sample, &r.entry, false)?;
+                            let b = builder.append_block(shard.clone());
+                            shard_blocks.insert(key, b);
+                            b
+                        }
+                    };
+                    (block, start, len)
+                }
+                Piece::Owned { start, len } => {
+                    (group_block.expect("owned bytes"), start as u32, len as u32)
+                }
+            };
+        }
     }
-    Ok(LargeBinaryArray::new(
-        OffsetBuffer::new(ScalarBuffer::from(offsets)),
-        Buffer::from_vec(values),
-        None,
-    ))
+    for (block, offset, len) in placed {
+        builder
+            .try_append_view(block, offset, len)
+            .map_err(|e| Error::invalid(format!("payload view: {e}")))?;
+    }
+    Ok(builder.finish())
+}
+
+/// Where a record's decoded bytes are.
+enum Piece {
+    /// Stored raw: a range of its (mapped) shard.
+    Shard { start: u32, len: u32 },
+    /// Decoded into the group's own buffer.
+    Owned { start: usize, len: usize },
+}
+
+struct GroupOutput {
+    owned: Vec<u8>,
+    pieces: Vec<(u32, Piece)>,
 }
 
 /// One record to read: where it is and how it is stored.
@@ -138,6 +185,12 @@ struct Read {
     cache: u32,
     sample: u64,
     entry: IndexEntry,
+}
+
+/// Total value bytes of a `BinaryView` payload column.
+pub fn binary_view_bytes(array: &dyn Array) -> usize {
+    let views = array.as_binary_view();
+    views.views().iter().map(|v| *v as u32 as usize).sum()
 }
 
 /// A column the payload store can add to a row, given its identity.
@@ -183,7 +236,7 @@ impl PayloadColumn {
     pub fn field(self) -> Field {
         let ty = match self {
             PayloadColumn::Codec => DataType::Utf8,
-            PayloadColumn::Data => DataType::LargeBinary,
+            PayloadColumn::Data => DataType::BinaryView,
             _ => DataType::Int64,
         };
         Field::new(self.name(), ty, false)
@@ -383,7 +436,7 @@ async fn take_batch(
     metrics.rows.add(batch.num_rows());
     for (c, a) in columns.iter().zip(&added) {
         if *c == PayloadColumn::Data {
-            metrics.bytes.add(a.as_binary::<i64>().values().len());
+            metrics.bytes.add(binary_view_bytes(a.as_ref()));
         }
     }
     timer.done();

@@ -61,6 +61,25 @@ pub fn publish_no_replace(tmp: &Path, path: &Path) -> Result<bool> {
     }
 }
 
+/// Map a file read-only as an Arrow buffer (the mapping lives as long as any
+/// slice of it). `what` names the file in a not-found error.
+pub fn map_buffer(path: &Path, what: &'static str) -> Result<arrow::buffer::Buffer> {
+    let mmap = std::sync::Arc::new(map_file(path, what)?);
+    let len = mmap.len();
+    if len == 0 {
+        return Ok(arrow::buffer::Buffer::from_vec(Vec::<u8>::new()));
+    }
+    // SAFETY: the pointer and length describe the live mapping, which the
+    // buffer keeps alive through the `Arc` owner; published files are immutable.
+    Ok(unsafe {
+        arrow::buffer::Buffer::from_custom_allocation(
+            std::ptr::NonNull::new(mmap.as_ptr() as *mut u8).expect("mmap pointer is never null"),
+            len,
+            mmap,
+        )
+    })
+}
+
 /// Map a file read-only. `what` names the file in a not-found error.
 pub fn map_file(path: &Path, what: &'static str) -> Result<Mmap> {
     let file = File::open(path).map_err(|e| match e.kind() {

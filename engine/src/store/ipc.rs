@@ -6,7 +6,6 @@
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::Path;
-use std::ptr::NonNull;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
@@ -17,7 +16,7 @@ use arrow::ipc::reader::{read_footer_length, FileDecoder};
 use arrow::ipc::writer::FileWriter;
 use arrow::ipc::{root_as_footer, Block};
 
-use super::fs::{map_file, temp_sibling};
+use super::fs::{map_buffer, temp_sibling};
 use crate::{Error, Result};
 
 /// Write `batches` as an uncompressed Arrow IPC file at a temporary sibling
@@ -52,21 +51,12 @@ pub fn write_temp(
 
 /// Map an Arrow IPC file and decode its batches without copying the columns.
 pub fn read_mapped(path: &Path, what: &'static str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-    let mmap = Arc::new(map_file(path, what)?);
-    let len = mmap.len();
+    let buffer = map_buffer(path, what)?;
+    let len = buffer.len();
     let bad = |detail: String| Error::corrupt(path, detail);
     if len < 10 {
         return Err(bad(format!("Arrow IPC file is {len} bytes, too short")));
     }
-    // SAFETY: the pointer and length describe the live mapping, which the
-    // buffer keeps alive through the `Arc` owner.
-    let buffer = unsafe {
-        Buffer::from_custom_allocation(
-            NonNull::new(mmap.as_ptr() as *mut u8).expect("mmap pointer is never null"),
-            len,
-            mmap.clone(),
-        )
-    };
     let trailer: [u8; 10] = buffer[len - 10..].try_into().expect("10 bytes");
     let footer_len = read_footer_length(trailer).map_err(|e| bad(e.to_string()))?;
     if footer_len + 10 > len {

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
+use arrow::buffer::Buffer;
 use arrow::compute::concat_batches;
 use memmap2::Mmap;
 
@@ -11,7 +12,7 @@ use super::format::{
     check_index, check_shard_header, shard_file_name, IndexEntry, ATTRIBUTES_FILE, INDEX_ENTRY_LEN,
     INDEX_FILE, INDEX_HEADER_LEN, MANIFEST_FILE,
 };
-use super::fs::map_file;
+use super::fs::{map_buffer, map_file};
 use super::ipc;
 use super::manifest::Manifest;
 use crate::{Error, Result};
@@ -23,7 +24,7 @@ pub struct Cache {
     manifest: Manifest,
     index_path: PathBuf,
     index: Mmap,
-    shards: Vec<(PathBuf, Mmap)>,
+    shards: Vec<(PathBuf, Buffer)>,
     attributes: RecordBatch,
 }
 
@@ -76,7 +77,7 @@ impl Cache {
         let mut shards = Vec::with_capacity(manifest.shard_bytes.len());
         for (i, &expected) in manifest.shard_bytes.iter().enumerate() {
             let path = dir.join(shard_file_name(i as u32));
-            let map = map_file(&path, "payload shard")?;
+            let map = map_buffer(&path, "payload shard")?;
             if map.len() as u64 != expected {
                 return Err(Error::corrupt(
                     &path,
@@ -193,15 +194,15 @@ impl Cache {
         result
     }
 
-    /// Decode the record `entry` (of `sample_id`) into `out`, which must be
-    /// `entry.raw_len` bytes long, verifying its checksum first when `verify`.
-    pub fn read_entry(
+    /// The stored bytes of record `entry` (of `sample_id`): the shard's buffer
+    /// and the record's range in it, bounds checked and, when `verify`,
+    /// checksum verified.
+    pub fn stored(
         &self,
         sample_id: u64,
         e: &IndexEntry,
-        out: &mut [u8],
         verify: bool,
-    ) -> Result<()> {
+    ) -> Result<(&Buffer, usize, usize)> {
         let (path, shard) = self.shards.get(e.shard as usize).ok_or_else(|| {
             Error::corrupt(
                 &self.index_path,
@@ -225,9 +226,8 @@ impl Cache {
                 ),
             ));
         }
-        let stored = &shard[start..end];
         if verify {
-            let actual = crc32c::crc32c(stored);
+            let actual = crc32c::crc32c(&shard[start..end]);
             if actual != e.checksum {
                 return Err(Error::corrupt(
                     path,
@@ -239,7 +239,21 @@ impl Cache {
                 ));
             }
         }
-        decode_into(e.codec, stored, out).map_err(|detail| {
+        Ok((shard, start, end))
+    }
+
+    /// Decode the record `entry` (of `sample_id`) into `out`, which must be
+    /// `entry.raw_len` bytes long, verifying its checksum first when `verify`.
+    pub fn read_entry(
+        &self,
+        sample_id: u64,
+        e: &IndexEntry,
+        out: &mut [u8],
+        verify: bool,
+    ) -> Result<()> {
+        let (shard, start, end) = self.stored(sample_id, e, verify)?;
+        decode_into(e.codec, &shard[start..end], out).map_err(|detail| {
+            let path = &self.shards[e.shard as usize].0;
             Error::corrupt(
                 path,
                 format!(

@@ -45,3 +45,6 @@ test: lint rust-test py-test
 
 bench: release
 	$(PY) tests/bench/bench_seed.py
+	$(PY) tests/bench/bench_loader.py
+	$(PY) tests/bench/bench_sampling.py
+	$(PY) tests/bench/bench_sql.py

@@ -463,6 +463,32 @@ def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int,
     return rank, world_size
 
 
+def make_state(
+    dataset: Dataset,
+    *,
+    seed: int,
+    epoch: int,
+    sampling: str,
+    epoch_len: int,
+    batch_size: int,
+    snapshot: int,
+    position: int,
+) -> dict[str, Any]:
+    """A loader state: plain, JSON-serialisable data."""
+    return {
+        "format": STATE_FORMAT,
+        "version": 1,
+        "seed": seed,
+        "epoch": epoch,
+        "sampling": sampling,
+        "epoch_len": epoch_len,
+        "batch_size": batch_size,
+        "snapshot": snapshot,
+        "fingerprint": dataset._native.fingerprint_of(snapshot),
+        "position": position,
+    }
+
+
 def check_state(dataset: Dataset, state: Any, batch_size: int) -> dict[str, Any]:
     """Validate a loader state against the dataset; returns it."""
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
@@ -550,17 +576,16 @@ class Loader:
             sampling=sampling,
             epoch_len=epoch_len,
         )
-        self._state = {
-            "format": STATE_FORMAT,
-            "version": 1,
-            "seed": seed,
-            "epoch": epoch,
-            "sampling": sampling,
-            "epoch_len": self._native.epoch_len,
-            "batch_size": batch_size,
-            "snapshot": snapshot,
-            "fingerprint": dataset._native.fingerprint_of(snapshot),
-        }
+        self._state = make_state(
+            dataset,
+            seed=seed,
+            epoch=epoch,
+            sampling=sampling,
+            epoch_len=self._native.epoch_len,
+            batch_size=batch_size,
+            snapshot=snapshot,
+            position=0,
+        )
         self._start_block = start_block
         self._stride = world_size * num_workers
         self._delivered = 0

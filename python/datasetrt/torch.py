@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .dataset import STATE_FORMAT, Batch, Loader, check_state, distributed_defaults
+from .dataset import Batch, Loader, check_state, distributed_defaults, make_state
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -124,18 +124,16 @@ class TorchDataset(IterableDataset):
         epoch_len, total = self._counts()
         start = self._resume["position"] // self.batch_size if self._resume else 0
         blocks = start + batches_seen * self.world_size
-        return {
-            "format": STATE_FORMAT,
-            "version": 1,
-            "seed": self.seed,
-            "epoch": self.epoch,
-            "sampling": self.sampling,
-            "epoch_len": epoch_len,
-            "batch_size": self.batch_size,
-            "snapshot": self.snapshot,
-            "fingerprint": self.dataset._native.fingerprint_of(self.snapshot),
-            "position": min(blocks * self.batch_size, total),
-        }
+        return make_state(
+            self.dataset,
+            seed=self.seed,
+            epoch=self.epoch,
+            sampling=self.sampling,
+            epoch_len=epoch_len,
+            batch_size=self.batch_size,
+            snapshot=self.snapshot,
+            position=min(blocks * self.batch_size, total),
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` on the next iteration."""

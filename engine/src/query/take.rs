@@ -58,27 +58,8 @@ pub fn take_payloads(
     concurrency: usize,
 ) -> Result<BinaryViewArray> {
     let n = cache_ids.len();
-    let mut reads: Vec<Read> = Vec::with_capacity(n);
-    let mut total = 0usize;
-    let mut pos = 0usize;
-    for (i, (&cid, &sid)) in cache_ids.iter().zip(sample_ids).enumerate() {
-        if caches.get(pos).map(|c| c.id()) != Some(cid) {
-            pos = caches.binary_search_by_key(&cid, |c| c.id()).map_err(|_| {
-                Error::invalid(format!(
-                    "row {i}: cache_id {cid} is not a cache of this dataset"
-                ))
-            })?;
-        }
-        let sample = u64::try_from(sid)
-            .map_err(|_| Error::invalid(format!("row {i}: sample_id {sid} is negative")))?;
-        let entry = caches[pos].entry(sample)?;
-        total += entry.raw_len as usize;
-        reads.push(Read {
-            cache: pos as u32,
-            sample,
-            entry,
-        });
-    }
+    let reads = locate(caches, cache_ids, sample_ids)?;
+    let total: usize = reads.iter().map(|r| r.entry.raw_len as usize).sum();
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_unstable_by_key(|&i| (reads[i].cache, reads[i].entry.shard, reads[i].entry.offset));
     let groups = concurrency
@@ -180,6 +161,32 @@ struct GroupOutput {
     pieces: Vec<(u32, Piece)>,
 }
 
+/// Find each `(cache_id, sample_id)`: its cache and its index entry.
+fn locate(caches: &[Arc<Cache>], cache_ids: &[i64], sample_ids: &[i64]) -> Result<Vec<Read>> {
+    let mut pos = 0usize;
+    cache_ids
+        .iter()
+        .zip(sample_ids)
+        .enumerate()
+        .map(|(i, (&cid, &sid))| {
+            if caches.get(pos).map(|c| c.id()) != Some(cid) {
+                pos = caches.binary_search_by_key(&cid, |c| c.id()).map_err(|_| {
+                    Error::invalid(format!(
+                        "row {i}: cache_id {cid} is not a cache of this dataset"
+                    ))
+                })?;
+            }
+            let sample = u64::try_from(sid)
+                .map_err(|_| Error::invalid(format!("row {i}: sample_id {sid} is negative")))?;
+            Ok(Read {
+                cache: pos as u32,
+                sample,
+                entry: caches[pos].entry(sample)?,
+            })
+        })
+        .collect()
+}
+
 /// One record to read: where it is and how it is stored.
 struct Read {
     cache: u32,
@@ -262,24 +269,10 @@ pub fn payload_columns(
         )
     });
     let entries: Vec<IndexEntry> = if needs_index {
-        let mut pos = 0usize;
-        cache_ids
-            .iter()
-            .zip(sample_ids)
-            .enumerate()
-            .map(|(i, (&cid, &sid))| {
-                if caches.get(pos).map(|c| c.id()) != Some(cid) {
-                    pos = caches.binary_search_by_key(&cid, |c| c.id()).map_err(|_| {
-                        Error::invalid(format!(
-                            "row {i}: cache_id {cid} is not a cache of this dataset"
-                        ))
-                    })?;
-                }
-                let sample = u64::try_from(sid)
-                    .map_err(|_| Error::invalid(format!("row {i}: sample_id {sid} is negative")))?;
-                caches[pos].entry(sample)
-            })
-            .collect::<Result<_>>()?
+        locate(caches, cache_ids, sample_ids)?
+            .into_iter()
+            .map(|r| r.entry)
+            .collect()
     } else {
         Vec::new()
     };

@@ -6,7 +6,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/datasetrt-target
 VENV ?= $(HOME)/.cache/datasetrt-venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.datasetrt-deps
-PY_DEPS := "maturin>=1.7,<2" "polars>=1.20" numpy scikit-learn tqdm "pytest>=8" ruff torch pyarrow duckdb
+PY_DEPS := "maturin>=1.7,<2" "polars>=1.20" numpy scikit-learn tqdm "pytest>=8" ruff torch pyarrow duckdb "datafusion>=55,<56"
 
 .PHONY: venv develop release demo test lint rust-test py-test bench
 

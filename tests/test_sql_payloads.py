@@ -122,3 +122,18 @@ def test_pyarrow_and_duckdb_read_results_through_pycapsules(two_caches):
     # and back: a DuckDB relation (an Arrow C stream) updates the population
     ds.update_metadata(duckdb.sql("SELECT * FROM meta WHERE split = 'val'"))
     assert len(ds) == 160
+
+
+def test_the_datafusion_package_queries_metadata_through_the_ffi_capsule(two_caches):
+    datafusion = pytest.importorskip("datafusion")
+    ds, _, _ = two_caches
+    ds.update_metadata(ds.get_metadata().filter(pl.col("split") == "val"))
+    ctx = datafusion.SessionContext()
+    ctx.register_table("metadata", ds.datafusion_table())
+    got = pl.DataFrame(
+        ctx.sql("SELECT label, count(*) AS n FROM metadata GROUP BY label ORDER BY label")
+    )
+    assert got["label"].to_list() == [0, 5] and got["n"].to_list() == [80, 80]
+    assert got.equals(
+        ds.sql("SELECT label, count(*) AS n FROM metadata GROUP BY label ORDER BY label")
+    )

@@ -180,6 +180,14 @@ class Dataset:
             )
         self._native.register(name, data)
 
+    def datafusion_table(self) -> Any:
+        """The active population for the ``datafusion`` Python package (zero-copy, FFI)::
+
+        ctx = datafusion.SessionContext()
+        ctx.register_table("metadata", ds.datafusion_table())
+        """
+        return self._native.datafusion_table()
+
     def sql(self, query: str) -> pl.DataFrame:
         """Run SQL over table ``metadata`` (the active population); returns polars."""
         return pl.DataFrame(self._native.sql(query))

@@ -257,6 +257,13 @@ impl PyDataset {
         self.query.register(&name, schema, batches).py()
     }
 
+    /// The active snapshot as a table for the `datafusion` Python package.
+    fn datafusion_table(&self) -> PyResult<crate::ffi::PyTableProvider> {
+        let partitions = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let table = datasetrt::query::metadata_table(&self.inner.snapshot(), partitions).py()?;
+        Ok(crate::ffi::PyTableProvider { provider: table })
+    }
+
     fn sql(&self, py: Python<'_>, query: String) -> PyResult<PyTable> {
         let session = self.query.clone();
         let (schema, batches) = wait(py, async move { session.sql(&query).await })?.py()?;

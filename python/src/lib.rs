@@ -3,6 +3,7 @@
 
 mod dataset;
 mod error;
+mod ffi;
 mod runtime;
 mod writer;
 
@@ -14,5 +15,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dataset::PyDataset>()?;
     m.add_class::<dataset::PyLoader>()?;
     m.add_class::<writer::PyCacheWriter>()?;
+    m.add_class::<ffi::PyTableProvider>()?;
     Ok(())
 }

@@ -22,6 +22,18 @@ use crate::Result;
 /// many small chunks on their way to Python.
 pub const BATCH_SIZE: usize = 1 << 16;
 
+/// `snapshot` as a table, split into one zero-copy slice per partition.
+pub fn metadata_table(snapshot: &Snapshot, partitions: usize) -> Result<Arc<MemTable>> {
+    let batch = snapshot.batch();
+    let rows = batch.num_rows();
+    let per = rows.div_ceil(partitions.max(1)).max(1);
+    let parts: Vec<Vec<RecordBatch>> = (0..rows)
+        .step_by(per)
+        .map(|start| vec![batch.slice(start, per.min(rows - start))])
+        .collect();
+    Ok(Arc::new(MemTable::try_new(snapshot.schema(), parts)?))
+}
+
 /// A SQL session bound to one dataset.
 pub struct QuerySession {
     ctx: SessionContext,
@@ -53,18 +65,11 @@ impl QuerySession {
         Ok(session)
     }
 
-    /// Point table `metadata` at `snapshot`, split into one zero-copy slice per partition.
+    /// Point table `metadata` at `snapshot`.
     pub fn set_snapshot(&self, snapshot: &Snapshot) -> Result<()> {
-        let batch = snapshot.batch();
-        let rows = batch.num_rows();
-        let per = rows.div_ceil(self.partitions).max(1);
-        let parts: Vec<Vec<RecordBatch>> = (0..rows)
-            .step_by(per)
-            .map(|start| vec![batch.slice(start, per.min(rows - start))])
-            .collect();
-        let table = MemTable::try_new(snapshot.schema(), parts)?;
+        let table = metadata_table(snapshot, self.partitions)?;
         self.ctx.deregister_table("metadata")?;
-        self.ctx.register_table("metadata", Arc::new(table))?;
+        self.ctx.register_table("metadata", table)?;
         Ok(())
     }
 

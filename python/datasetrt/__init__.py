@@ -27,7 +27,7 @@ from typing import Any
 from . import exceptions
 from ._build import CacheInput, check_names, write_source
 from ._native import __version__
-from .dataset import Dataset, PathLike, Sample
+from .dataset import Batch, Dataset, Loader, PathLike, Sample
 from .exceptions import (
     CacheNotFoundError,
     CorruptCacheError,
@@ -39,12 +39,14 @@ from .exceptions import (
 )
 
 __all__ = [
+    "Batch",
     "CacheInput",
     "CacheNotFoundError",
     "CorruptCacheError",
     "Dataset",
     "DatasetRTError",
     "InvalidInputError",
+    "Loader",
     "QueryError",
     "Sample",
     "StorageError",

@@ -84,13 +84,17 @@ def main() -> None:
 
     t0 = time.perf_counter()
     images, labels = [], []
-    for epoch in range(3):
-        for s in ds.iter(seed=7, epoch=epoch):
-            record = pickle.loads(s.data)
-            images.append(record["image"].ravel())
-            labels.append(record["label"])
+    loader = None
+    for epoch in range(3):  # the native loader: one call per batch, read-ahead on Rust threads
+        loader = ds.loader(batch_size=256, seed=7, epoch=epoch)
+        for batch in loader:
+            for data in batch.data:
+                record = pickle.loads(data)
+                images.append(record["image"].ravel())
+                labels.append(record["label"])
     elapsed = time.perf_counter() - t0
     drawn = collections.Counter(labels)
+    print(f"\nthe loader's plan:\n{loader.explain()}")
     print(f"read {len(labels)} weighted draws in {elapsed:.2f}s; drawn per label:")
     print("  " + ", ".join(f"{k}: {drawn[k]}" for k in sorted(drawn)))
 

@@ -137,3 +137,22 @@ def test_the_datafusion_package_queries_metadata_through_the_ffi_capsule(two_cac
     assert got.equals(
         ds.sql("SELECT label, count(*) AS n FROM metadata GROUP BY label ORDER BY label")
     )
+
+
+def test_filters_on_payload_columns_still_plan_to_a_take(two_caches):
+    ds, _, sources = two_caches
+    src = by_id(ds, sources)
+    query = (
+        JOIN.replace("p.data", "p.data, p.raw_len")
+        + " WHERE m.label = 3 AND p.raw_len > 36 AND p.codec = 'none'"
+    )
+    plan = physical_plan(ds, query)
+    assert "PayloadTakeExec" in plan and "HashJoinExec" not in plan, plan
+    got = ds.sql(query)
+    expected = [
+        (c, s)
+        for c, s in ds.sql("SELECT cache_id, sample_id FROM metadata WHERE label = 3").iter_rows()
+        if len(src[c].payload(s)) > 36
+    ]
+    assert sorted(zip(got["cache_id"], got["sample_id"], strict=True)) == sorted(expected)
+    assert all(d == src[c].payload(s) and n == len(d) for c, s, d, n in got.iter_rows())

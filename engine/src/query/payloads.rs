@@ -26,6 +26,7 @@ use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExp
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::projection::ProjectionExec;
@@ -243,17 +244,67 @@ impl ExecutionPlan for PayloadScanExec {
 #[derive(Debug, Default)]
 pub struct PayloadJoinRule;
 
-/// The payload scan under pass-through nodes (repartition, coalesce partitions), if any.
-fn payload_scan(plan: &Arc<dyn ExecutionPlan>) -> Option<&PayloadScanExec> {
+/// What the join sees of a payload scan: the scan, the predicate of a filter
+/// on its columns (if any), and which scan columns the filter passes on.
+struct ScanSide<'a> {
+    scan: &'a PayloadScanExec,
+    predicate: Option<Arc<dyn PhysicalExpr>>,
+    visible: Vec<usize>,
+}
+
+/// The payload scan under pass-through nodes (repartition, coalesce
+/// partitions) and at most one filter, if any.
+fn payload_scan(plan: &Arc<dyn ExecutionPlan>) -> Option<ScanSide<'_>> {
     let any = plan.as_ref() as &dyn std::any::Any;
     if let Some(scan) = any.downcast_ref::<PayloadScanExec>() {
-        return Some(scan);
+        let visible = (0..scan.columns().len()).collect();
+        return Some(ScanSide {
+            scan,
+            predicate: None,
+            visible,
+        });
+    }
+    if let Some(filter) = any.downcast_ref::<FilterExec>() {
+        let below = payload_scan(filter.input())?;
+        if below.predicate.is_some() {
+            return None;
+        }
+        let visible = match filter.projection() {
+            Some(p) => p.iter().copied().collect(),
+            None => below.visible,
+        };
+        return Some(ScanSide {
+            scan: below.scan,
+            predicate: Some(filter.predicate().clone()),
+            visible,
+        });
     }
     let passthrough = any.is::<RepartitionExec>() || any.is::<CoalescePartitionsExec>();
     match (passthrough, plan.children().as_slice()) {
         (true, [child]) => payload_scan(child),
         _ => None,
     }
+}
+
+/// `predicate` over the scan's columns, moved to the take's output, where
+/// they follow the other side's `offset` columns.
+fn shift_columns(
+    predicate: &Arc<dyn PhysicalExpr>,
+    offset: usize,
+) -> DfResult<Arc<dyn PhysicalExpr>> {
+    predicate
+        .clone()
+        .transform(|e| {
+            let any = e.as_ref() as &dyn std::any::Any;
+            Ok(match any.downcast_ref::<Column>() {
+                Some(col) => {
+                    Transformed::yes(Arc::new(Column::new(col.name(), col.index() + offset))
+                        as Arc<dyn PhysicalExpr>)
+                }
+                None => Transformed::no(e),
+            })
+        })
+        .map(|t| t.data)
 }
 
 fn column_index(expr: &Arc<dyn PhysicalExpr>) -> Option<(usize, String)> {
@@ -265,12 +316,17 @@ fn rewrite(join: &HashJoinExec) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
     if *join.join_type() != JoinType::Inner || join.filter().is_some() {
         return Ok(None);
     }
-    let (scan, other, scan_is_left) = match (payload_scan(join.left()), payload_scan(join.right()))
+    let (side, other, scan_is_left) = match (payload_scan(join.left()), payload_scan(join.right()))
     {
-        (Some(scan), None) => (scan, join.right(), true),
-        (None, Some(scan)) => (scan, join.left(), false),
+        (Some(found), None) => (found, join.right(), true),
+        (None, Some(found)) => (found, join.left(), false),
         _ => return Ok(None),
     };
+    let ScanSide {
+        scan,
+        predicate,
+        visible,
+    } = side;
     // the join keys must be exactly the identity, each matched once
     let mut cache_col = None;
     let mut sample_col = None;
@@ -280,7 +336,7 @@ fn rewrite(join: &HashJoinExec) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
         else {
             return Ok(None);
         };
-        match scan.columns().get(si) {
+        match visible.get(si).and_then(|&i| scan.columns().get(i)) {
             Some(PayloadColumn::CacheId) if cache_col.is_none() => cache_col = Some(oi),
             Some(PayloadColumn::SampleId) if sample_col.is_none() => sample_col = Some(oi),
             _ => return Ok(None),
@@ -301,11 +357,17 @@ fn rewrite(join: &HashJoinExec) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
     )?);
     // The join's output is left ++ right; the take's is other ++ scan.
     let other_n = other.schema().fields().len();
+    // A filter on payload columns runs on the taken rows (only joined rows are read).
+    let take: Arc<dyn ExecutionPlan> = match predicate {
+        Some(p) => Arc::new(FilterExec::try_new(shift_columns(&p, other_n)?, take)?),
+        None => take,
+    };
     let scan_n = scan.columns().len();
+    let seen: Vec<usize> = visible.iter().map(|&i| other_n + i).collect();
     let join_order: Vec<usize> = if scan_is_left {
-        (other_n..other_n + scan_n).chain(0..other_n).collect()
+        seen.iter().copied().chain(0..other_n).collect()
     } else {
-        (0..other_n + scan_n).collect()
+        (0..other_n).chain(seen.iter().copied()).collect()
     };
     let wanted: Vec<usize> = match &join.projection {
         Some(p) => p.iter().map(|&i| join_order[i]).collect(),

@@ -24,12 +24,14 @@ the imports <= 5 MiB, the same at 1M and 10M rows.
 from __future__ import annotations
 
 import argparse
+import atexit
 import hashlib
 import json
 import multiprocessing as mp
 import os
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -217,8 +219,9 @@ def main() -> None:
     parser.add_argument("--uss-rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--no-peer", action="store_true")
     args = parser.parse_args()
-
     tmp = Path(tempfile.mkdtemp(prefix="drt-bench-loader-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # caches can be GBs
+
     sources = [Random16K(0), Random16K(1)]
     ds = drt.build(tmp / "seed", sources, codec="none", progress=False)
     payloads = [s.payload(i) for s in sources for i in range(N_PER_CACHE)]

@@ -15,6 +15,8 @@ Targets (issue 4): >= 10x numpy's draws/s at 100M rows; alias build <= 2 s at
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -50,8 +52,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 100_000_000])
     parser.add_argument("--draws", type=int, default=10_000_000)
     args = parser.parse_args()
-
     tmp = Path(tempfile.mkdtemp(prefix="drt-bench-sampling-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # caches can be GBs
+
     ds = drt.build(tmp, [Tiny(1_000_000)], progress=False)
     base = ds.get_metadata().select("cache_id", "sample_id")
     rng = np.random.default_rng(0)

@@ -14,7 +14,9 @@ read >= 5x the get_item loop.
 
 from __future__ import annotations
 
+import atexit
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -57,6 +59,7 @@ def median_time(fn: Callable[[], object], repeat: int = 5) -> float:
 
 def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="drt-bench-sql-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # caches can be GBs
     ds = drt.build(tmp, [Records(0, 8192), Records(1, 8192)], codec="none", progress=False)
 
     # payload reads: SQL join vs get_item loop over the same identities

@@ -55,6 +55,18 @@ class Sample:
         )
 
 
+def arrow_stream(data: Any, what: str) -> Any:
+    """``data`` as an object with ``__arrow_c_stream__`` (a LazyFrame is collected)."""
+    if isinstance(data, pl.LazyFrame):
+        data = data.collect()
+    if not hasattr(data, "__arrow_c_stream__"):
+        raise InvalidInputError(
+            f"{what} takes a polars DataFrame or LazyFrame or an object with "
+            f"__arrow_c_stream__, not {type(data).__name__}"
+        )
+    return data
+
+
 def _check_seed(seed: object) -> int:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InvalidInputError(
@@ -142,14 +154,7 @@ class Dataset:
         must be finite and non-negative with a positive sum. Other columns are
         kept as given. A rejected update raises and changes nothing.
         """
-        if isinstance(data, pl.LazyFrame):
-            data = data.collect()
-        if not hasattr(data, "__arrow_c_stream__"):
-            raise InvalidInputError(
-                f"update_metadata() takes a polars DataFrame or an object with "
-                f"__arrow_c_stream__, not {type(data).__name__}"
-            )
-        return self._native.update(data)
+        return self._native.update(arrow_stream(data, "update_metadata()"))
 
     def register(self, name: str, data: Any) -> None:
         """Make ``data`` a SQL table called ``name`` (next to ``metadata`` and ``payloads``).
@@ -171,14 +176,7 @@ class Dataset:
             if path.suffix.lower() not in readers:
                 raise InvalidInputError(f"{path}: register() reads .parquet and .csv files")
             data = readers[path.suffix.lower()](path)
-        if isinstance(data, pl.LazyFrame):
-            data = data.collect()
-        if not hasattr(data, "__arrow_c_stream__"):
-            raise InvalidInputError(
-                f"register() takes a polars frame, an Arrow stream or a file path, "
-                f"not {type(data).__name__}"
-            )
-        self._native.register(name, data)
+        self._native.register(name, arrow_stream(data, "register()"))
 
     def datafusion_table(self) -> Any:
         """The active population for the ``datafusion`` Python package (zero-copy, FFI)::

@@ -49,7 +49,7 @@ class Tiny:
             )
 
 
-def timed(fn: Callable[[], object], repeat: int) -> float:
+def timed(fn: Callable[[], object], repeat: int = 5) -> float:
     """Median wall time in seconds over `repeat` runs."""
     times = []
     for _ in range(repeat):

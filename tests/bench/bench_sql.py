@@ -17,13 +17,11 @@ from __future__ import annotations
 import atexit
 import random
 import shutil
-import statistics
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
+from bench_seed import timed
 
 import datasetrt as drt
 
@@ -48,15 +46,6 @@ class Records:
             )
 
 
-def median_time(fn: Callable[[], object], repeat: int = 5) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="drt-bench-sql-"))
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # caches can be GBs
@@ -73,8 +62,8 @@ def main() -> None:
         result = ds.sql(query)  # warm
         ids = result.select("cache_id", "sample_id").rows()
         mib = len(ids) * PAYLOAD / 2**20
-        sql_s = median_time(lambda q=query: ds.sql(q))
-        loop_s = median_time(lambda ids=ids: [ds.get_item(c, s).data for c, s in ids])
+        sql_s = timed(lambda q=query: ds.sql(q))
+        loop_s = timed(lambda ids=ids: [ds.get_item(c, s).data for c, s in ids])
         print(f"payload read WHERE {where}: {len(ids):,} rows ({mib:.0f} MiB), median of 5")
         print(f"  SQL join -> PayloadTakeExec  {mib / sql_s:9.0f} MiB/s")
         print(
@@ -91,8 +80,8 @@ def main() -> None:
         "SELECT label, count(*) AS n, avg(quality) AS q, sum(weight) AS w FROM metadata "
         "WHERE split = 'train' AND quality >= 0.5 GROUP BY label ORDER BY label"
     )
-    ours = median_time(lambda: ds.sql(sql))
-    theirs = median_time(
+    ours = timed(lambda: ds.sql(sql))
+    theirs = timed(
         lambda: (
             frame.filter((pl.col("split") == "train") & (pl.col("quality") >= 0.5))
             .group_by("label")

@@ -173,23 +173,48 @@ pub fn publish(
 
 /// The column hashes a snapshot manifest names (checksum verified).
 pub fn manifest_columns(dir: &Path, number: u64) -> Result<Vec<String>> {
-    let path = dir.join(Snapshot::file_name(number));
-    let raw = std::fs::read(&path).map_err(Error::io(&path))?;
-    let text = std::str::from_utf8(&raw)
-        .map_err(|_| Error::corrupt(&path, "snapshot manifest is not UTF-8"))?;
-    let split = text
-        .rfind("checksum=")
-        .ok_or_else(|| Error::corrupt(&path, "no checksum line"))?;
-    let stored = u32::from_str_radix(text[split + 9..].trim(), 16)
-        .map_err(|_| Error::corrupt(&path, "unreadable checksum"))?;
-    if crc32c::crc32c(&raw[..split]) != stored {
-        return Err(Error::corrupt(&path, "snapshot manifest checksum mismatch"));
-    }
-    Ok(text[..split]
+    Ok(read_manifest(&dir.join(Snapshot::file_name(number)))?
         .lines()
         .filter_map(|l| l.strip_prefix("column="))
         .filter_map(|v| v.split_once(' ').map(|(hash, _)| hash.to_string()))
         .collect())
+}
+
+/// The body of a snapshot manifest (every line before `checksum=`), after
+/// checking its version line and checksum.
+fn read_manifest(path: &Path) -> Result<String> {
+    let raw = std::fs::read(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::NotFound {
+            what: "metadata snapshot",
+            path: path.to_path_buf(),
+        },
+        _ => Error::io(path)(e),
+    })?;
+    let bad = |detail: String| Error::corrupt(path, detail);
+    let text = String::from_utf8(raw).map_err(|_| bad("snapshot manifest is not UTF-8".into()))?;
+    let first = text.lines().next().unwrap_or_default();
+    let version: u32 = first
+        .strip_prefix(HEADER)
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| bad(format!("first line {first:?} is not '{HEADER} <version>'")))?;
+    if version != VERSION {
+        return Err(Error::UnsupportedVersion {
+            path: path.to_path_buf(),
+            found: version,
+            supported: VERSION,
+        });
+    }
+    let split = text
+        .rfind("checksum=")
+        .ok_or_else(|| bad("no checksum line".into()))?;
+    let stored = u32::from_str_radix(text[split + 9..].trim(), 16)
+        .map_err(|_| bad("unreadable checksum".into()))?;
+    if crc32c::crc32c(&text.as_bytes()[..split]) != stored {
+        return Err(bad("snapshot manifest checksum mismatch".into()));
+    }
+    let mut body = text;
+    body.truncate(split);
+    Ok(body)
 }
 
 impl Snapshot {
@@ -205,36 +230,8 @@ impl Snapshot {
     /// Read snapshot `number` from `dir`: check its manifest, map its columns.
     pub fn open(dir: &Path, number: u64) -> Result<Snapshot> {
         let path = dir.join(Self::file_name(number));
-        let raw = std::fs::read(&path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::NotFound {
-                what: "metadata snapshot",
-                path: path.clone(),
-            },
-            _ => Error::io(&path)(e),
-        })?;
+        let body = read_manifest(&path)?;
         let bad = |detail: String| Error::corrupt(&path, detail);
-        let text =
-            std::str::from_utf8(&raw).map_err(|_| bad("snapshot manifest is not UTF-8".into()))?;
-        let first = text.lines().next().unwrap_or_default();
-        let version: u32 = first
-            .strip_prefix(HEADER)
-            .and_then(|v| v.trim().parse().ok())
-            .ok_or_else(|| bad(format!("first line {first:?} is not '{HEADER} <version>'")))?;
-        if version != VERSION {
-            return Err(Error::UnsupportedVersion {
-                path: path.clone(),
-                found: version,
-                supported: VERSION,
-            });
-        }
-        let split = text
-            .rfind("checksum=")
-            .ok_or_else(|| bad("no checksum line".into()))?;
-        let stored = u32::from_str_radix(text[split + 9..].trim(), 16)
-            .map_err(|_| bad("unreadable checksum".into()))?;
-        if crc32c::crc32c(&raw[..split]) != stored {
-            return Err(bad("snapshot manifest checksum mismatch".into()));
-        }
         let mut rows = None;
         let mut created_unix_ms = 0;
         let mut note = String::new();
@@ -242,7 +239,7 @@ impl Snapshot {
         let mut fields = Vec::new();
         let mut columns = Vec::new();
         let mut weight_hash = String::new();
-        for line in text[..split].lines().skip(1) {
+        for line in body.lines().skip(1) {
             let (key, value) = line
                 .split_once('=')
                 .ok_or_else(|| bad(format!("bad line {line:?}")))?;

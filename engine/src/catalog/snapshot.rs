@@ -17,6 +17,7 @@ use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRe
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::sample::AliasTable;
+use crate::store::checksum::crc32c;
 use crate::store::{fs, ipc, Cache};
 use crate::{Error, Result};
 
@@ -148,7 +149,7 @@ pub fn publish(
     for (name, hash) in names.iter().zip(&hashes) {
         let _ = writeln!(body, "column={hash} {name}");
     }
-    let crc = crc32c::crc32c(body.as_bytes());
+    let crc = crc32c(body.as_bytes());
     let text = format!("{body}checksum={crc:08x}\n");
 
     let tmp = fs::temp_sibling(&dir.join(Snapshot::file_name(number)));
@@ -209,7 +210,7 @@ fn read_manifest(path: &Path) -> Result<String> {
         .ok_or_else(|| bad("no checksum line".into()))?;
     let stored = u32::from_str_radix(text[split + 9..].trim(), 16)
         .map_err(|_| bad("unreadable checksum".into()))?;
-    if crc32c::crc32c(&text.as_bytes()[..split]) != stored {
+    if crc32c(&text.as_bytes()[..split]) != stored {
         return Err(bad("snapshot manifest checksum mismatch".into()));
     }
     let mut body = text;

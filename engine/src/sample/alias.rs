@@ -14,6 +14,7 @@ use arrow::buffer::{Buffer, ScalarBuffer};
 use memmap2::MmapOptions;
 
 use super::rng::{mix64, unit_f64};
+use crate::store::checksum::{crc32c, crc32c_parts};
 use crate::store::fs::{map_file, temp_sibling};
 use crate::{Error, Result};
 
@@ -128,7 +129,7 @@ impl AliasTable {
                 std::slice::from_raw_parts_mut(alias_bytes.as_mut_ptr().cast::<u32>(), n)
             };
             fill(weights, prob, alias)?;
-            let crc = crc32c::crc32c_append(crc32c::crc32c(prob_bytes), alias_bytes);
+            let crc = crc32c_parts(&[prob_bytes, alias_bytes]);
             header[0..8].copy_from_slice(&MAGIC);
             header[8..12].copy_from_slice(&VERSION.to_le_bytes());
             header[16..24].copy_from_slice(&(n as u64).to_le_bytes());
@@ -162,7 +163,7 @@ impl AliasTable {
             });
         }
         let crc = u32::from_le_bytes(mmap[24..28].try_into().expect("4 bytes"));
-        if crc32c::crc32c(&mmap[HEADER..]) != crc {
+        if crc32c(&mmap[HEADER..]) != crc {
             return Err(bad("alias table checksum mismatch".into()));
         }
         // SAFETY: the pointer and length describe the live mapping, kept alive

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use super::checksum::crc32c;
 use super::codec::Codec;
 use crate::{Error, Result};
 
@@ -93,7 +94,7 @@ pub fn encode_index_header(count: u64, entries_crc: u32) -> [u8; INDEX_HEADER_LE
     h[12..16].copy_from_slice(&(INDEX_ENTRY_LEN as u32).to_le_bytes());
     h[16..24].copy_from_slice(&count.to_le_bytes());
     h[24..28].copy_from_slice(&entries_crc.to_le_bytes());
-    let crc = crc32c::crc32c(&h[0..28]);
+    let crc = crc32c(&h[0..28]);
     h[28..32].copy_from_slice(&crc.to_le_bytes());
     h
 }
@@ -111,7 +112,7 @@ pub fn check_index(path: &Path, bytes: &[u8]) -> Result<u64> {
         return Err(Error::corrupt(path, "bad magic: not a DatasetRT index"));
     }
     let stored_crc = u32::from_le_bytes(h[28..32].try_into().expect("4 bytes"));
-    if crc32c::crc32c(&h[0..28]) != stored_crc {
+    if crc32c(&h[0..28]) != stored_crc {
         return Err(Error::corrupt(path, "index header checksum mismatch"));
     }
     let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
@@ -142,7 +143,7 @@ pub fn check_index(path: &Path, bytes: &[u8]) -> Result<u64> {
         ));
     }
     let entries_crc = u32::from_le_bytes(h[24..28].try_into().expect("4 bytes"));
-    if crc32c::crc32c(&bytes[INDEX_HEADER_LEN..]) != entries_crc {
+    if crc32c(&bytes[INDEX_HEADER_LEN..]) != entries_crc {
         return Err(Error::corrupt(path, "index entries checksum mismatch"));
     }
     Ok(count)
@@ -207,7 +208,7 @@ mod tests {
             codec: Codec::None,
         }
         .encode();
-        let mut file = encode_index_header(1, crc32c::crc32c(&entry)).to_vec();
+        let mut file = encode_index_header(1, crc32c(&entry)).to_vec();
         file.extend_from_slice(&entry);
         let p = Path::new("index.drti");
         assert_eq!(check_index(p, &file).unwrap(), 1);
@@ -222,7 +223,7 @@ mod tests {
 
         let mut future = file.clone();
         future[8..12].copy_from_slice(&2u32.to_le_bytes());
-        let crc = crc32c::crc32c(&future[0..28]);
+        let crc = crc32c(&future[0..28]);
         future[28..32].copy_from_slice(&crc.to_le_bytes());
         assert!(matches!(
             check_index(p, &future).unwrap_err(),

@@ -21,6 +21,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use super::checksum::crc32c;
 use super::codec::Codec;
 use super::format::FORMAT_VERSION;
 use crate::{Error, Result};
@@ -58,7 +59,7 @@ impl Manifest {
             self.attributes_crc32c,
             self.created_unix_ms,
         );
-        let crc = crc32c::crc32c(body.as_bytes());
+        let crc = crc32c(body.as_bytes());
         format!("{body}checksum={crc:08x}\n")
     }
 
@@ -84,7 +85,7 @@ impl Manifest {
             .ok_or_else(|| bad("no checksum line".into()))?;
         let stored = u32::from_str_radix(text[split + 9..].trim(), 16)
             .map_err(|_| bad("unreadable checksum line".into()))?;
-        let actual = crc32c::crc32c(&text.as_bytes()[..split]);
+        let actual = crc32c(&text.as_bytes()[..split]);
         if stored != actual {
             return Err(bad(format!(
                 "manifest checksum mismatch (stored {stored:08x}, computed {actual:08x})"

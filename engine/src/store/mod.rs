@@ -12,6 +12,7 @@
 //! staging name in the same root, fsynced and renamed into place, so a crash
 //! leaves either the whole cache or nothing visible.
 
+pub mod checksum;
 pub mod codec;
 pub mod format;
 pub mod fs;

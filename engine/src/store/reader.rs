@@ -7,6 +7,7 @@ use arrow::buffer::Buffer;
 use arrow::compute::concat_batches;
 use memmap2::Mmap;
 
+use super::checksum::crc32c;
 use super::codec::decode_into;
 use super::format::{
     check_index, check_shard_header, shard_file_name, IndexEntry, ATTRIBUTES_FILE, INDEX_ENTRY_LEN,
@@ -104,7 +105,7 @@ impl Cache {
                     ),
                 ));
             }
-            if crc32c::crc32c(&raw) != manifest.attributes_crc32c {
+            if crc32c(&raw) != manifest.attributes_crc32c {
                 return Err(Error::corrupt(
                     &attributes_path,
                     "attributes checksum mismatch",
@@ -227,7 +228,7 @@ impl Cache {
             ));
         }
         if verify {
-            let actual = crc32c::crc32c(&shard[start..end]);
+            let actual = crc32c(&shard[start..end]);
             if actual != e.checksum {
                 return Err(Error::corrupt(
                     path,

@@ -13,6 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use arrow::array::{ArrayRef, Int64Array, RecordBatch, RecordBatchOptions};
 use arrow::datatypes::{DataType, Field, Schema};
 
+use super::checksum::crc32c;
 use super::codec::{Codec, Compressor};
 use super::format::{
     encode_index_header, encode_shard_header, shard_file_name, IndexEntry, ATTRIBUTES_FILE,
@@ -236,7 +237,7 @@ impl CacheWriter {
         for e in &out.entries {
             body.extend_from_slice(&e.encode());
         }
-        let index_crc32c = crc32c::crc32c(&body);
+        let index_crc32c = crc32c(&body);
         let mut index = encode_index_header(out.entries.len() as u64, index_crc32c).to_vec();
         index.extend_from_slice(&body);
         write_atomic(&staging.join(INDEX_FILE), &index)?;
@@ -267,7 +268,7 @@ impl CacheWriter {
             shard_bytes: out.shard_bytes,
             index_crc32c,
             attributes_bytes: attributes_bytes.len() as u64,
-            attributes_crc32c: crc32c::crc32c(&attributes_bytes),
+            attributes_crc32c: crc32c(&attributes_bytes),
             created_unix_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)
@@ -320,12 +321,7 @@ fn encode_chunk(compressor: &mut Compressor, chunk: Chunk) -> Encoded {
         let before = bytes.len();
         let codec = compressor.compress_into(raw, &mut bytes);
         let stored = &bytes[before..];
-        records.push((
-            stored.len() as u32,
-            raw.len() as u32,
-            crc32c::crc32c(stored),
-            codec,
-        ));
+        records.push((stored.len() as u32, raw.len() as u32, crc32c(stored), codec));
         start = end;
     }
     Encoded {

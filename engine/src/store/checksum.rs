@@ -1,0 +1,54 @@
+//! CRC-32C (Castagnoli), the checksum of every record, index, manifest,
+//! snapshot manifest and alias table. One place computes it so the algorithm
+//! is a single choice.
+//!
+//! The `crc-fast` crate folds with carry-less multiplication (VPCLMULQDQ
+//! where the CPU has it): ~55 GB/s on a 16 KiB record in cache on this
+//! project's machines, twice the SSE4.2 `crc32` instruction, so verifying
+//! every read stays bound by memory, not by the checksum
+//! (`cargo bench --workspace --bench checksum`).
+
+use crc_fast::{CrcAlgorithm, Digest};
+
+/// CRC-32C of `bytes`.
+pub fn crc32c(bytes: &[u8]) -> u32 {
+    // The 32-bit algorithm's value always fits in the low 32 bits.
+    crc_fast::checksum(CrcAlgorithm::Crc32Iscsi, bytes) as u32
+}
+
+/// CRC-32C of the concatenation of `parts`, without concatenating them.
+pub fn crc32c_parts(parts: &[&[u8]]) -> u32 {
+    let mut digest = Digest::new(CrcAlgorithm::Crc32Iscsi);
+    for part in parts {
+        digest.update(part);
+    }
+    digest.finalize() as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_the_castagnoli_check_value() {
+        // The standard check input of every CRC catalogue.
+        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
+        assert_eq!(crc32c(b""), 0);
+        assert_eq!(crc32c_parts(&[b"1234", b"", b"56789"]), 0xE306_9283);
+    }
+
+    #[test]
+    fn long_inputs_agree_with_the_split_form() {
+        let bytes: Vec<u8> = (0..100_003u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let whole = crc32c(&bytes);
+        for at in [0, 1, 15, 16, 4096, 99_999, bytes.len()] {
+            assert_eq!(
+                crc32c_parts(&[&bytes[..at], &bytes[at..]]),
+                whole,
+                "split at {at}"
+            );
+        }
+    }
+}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import _thread
+import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -124,6 +127,29 @@ def test_bad_sql_is_a_query_error(ds):
     with pytest.raises(drt.QueryError):
         ds.select("SELECT * FROM missing_table")
     assert ds.version == version
+
+
+def test_ctrl_c_stops_a_long_query_and_the_dataset_stays_usable(ds):
+    # 800^4 = 4e11 joined rows: minutes of work on every core unless cancelled
+    endless = (
+        "SELECT sum(a.quality * b.quality * c.quality * d.quality) AS s "
+        "FROM metadata a, metadata b, metadata c, metadata d"
+    )
+    timer = threading.Timer(1.0, _thread.interrupt_main)  # as Ctrl-C would
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ds.sql(endless)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 10
+    # the query is cancelled, not left running in the background
+    cpu, wall = time.process_time(), time.monotonic()
+    time.sleep(1.0)
+    busy = (time.process_time() - cpu) / (time.monotonic() - wall)
+    assert busy < 0.5, f"{busy:.1f} cores still busy after the interrupt"
+    assert ds.sql("SELECT count(*) AS n FROM metadata")["n"][0] == 800
 
 
 def test_seed_is_required_and_checked(ds):

@@ -2,6 +2,7 @@
 //! through which every blocking call releases the GIL.
 
 use std::future::Future;
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -52,33 +53,47 @@ pub fn detach<T: Send>(py: Python<'_>, f: impl FnOnce() -> T + Send) -> PyResult
     Ok(out)
 }
 
-/// Drive `fut` on the runtime without the GIL, polling for Ctrl-C; an
-/// interrupt cancels the work.
+/// Drive `fut` on the runtime without the GIL, checking for Ctrl-C every
+/// 50 ms; an interrupt aborts the work.
+///
+/// The wait is on a plain channel, not on a tokio timer: when every worker is
+/// busy in a long computation nobody drives the runtime's timers, and a timer
+/// here would never fire (the query could not be interrupted).
 pub fn wait<T, F>(py: Python<'_>, fut: F) -> PyResult<T>
 where
     T: Send + 'static,
     F: Future<Output = T> + Send + 'static,
 {
     let rt = runtime()?;
-    let mut handle = rt.spawn(fut);
+    let (done, mut result) = mpsc::sync_channel(1);
+    let handle = rt.spawn(async move {
+        // the receiver is gone only after an interrupt; nothing to deliver then
+        let _ = done.send(fut.await);
+    });
     loop {
-        let polled = py.detach(|| {
-            rt.block_on(async {
-                tokio::time::timeout(Duration::from_millis(50), &mut handle).await
-            })
+        // a Receiver is Send but not Sync: lend it to the detached closure
+        let (received, back) = py.detach(move || {
+            let received = result.recv_timeout(Duration::from_millis(50));
+            (received, result)
         });
-        match polled {
-            Ok(Ok(value)) => return Ok(value),
-            Ok(Err(join)) => {
-                return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
-                    "native task failed: {join}"
-                )))
-            }
-            Err(_elapsed) => {
+        result = back;
+        match received {
+            Ok(value) => return Ok(value),
+            Err(RecvTimeoutError::Timeout) => {
                 if let Err(interrupt) = py.check_signals() {
                     handle.abort();
                     return Err(interrupt);
                 }
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                // the task ended without a value: it panicked
+                let why = match py.detach(|| rt.block_on(handle)) {
+                    Err(join) => join.to_string(),
+                    Ok(()) => "no result".to_string(),
+                };
+                return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+                    "native task failed: {why}"
+                )));
             }
         }
     }

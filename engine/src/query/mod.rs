@@ -2,6 +2,7 @@
 //! snapshot, served zero-copy from its mapped file; `PayloadTakeExec` turns
 //! identities into payload bytes.
 
+mod coop;
 pub mod payloads;
 pub mod take;
 pub mod udf;
@@ -53,6 +54,7 @@ impl QuerySession {
             .with_config(config)
             .with_default_features()
             .with_physical_optimizer_rule(Arc::new(payloads::PayloadJoinRule))
+            .with_physical_optimizer_rule(Arc::new(coop::YieldingJoins))
             .build();
         let ctx = SessionContext::new_with_state(state);
         ctx.register_udf(udf::drt_uniform());

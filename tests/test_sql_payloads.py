@@ -156,3 +156,33 @@ def test_filters_on_payload_columns_still_plan_to_a_take(two_caches):
     ]
     assert sorted(zip(got["cache_id"], got["sample_id"], strict=True)) == sorted(expected)
     assert all(d == src[c].payload(s) and n == len(d) for c, s, d, n in got.iter_rows())
+
+
+def nodes_above_and_below_the_take(plan: str) -> tuple[str, str]:
+    lines = plan.splitlines()
+    at = next(i for i, line in enumerate(lines) if "PayloadTakeExec" in line)
+    return "\n".join(lines[:at]), "\n".join(lines[at + 1 :])
+
+
+def test_conditions_on_the_identity_run_before_the_payload_read(two_caches):
+    ds, _, sources = two_caches
+    src = by_id(ds, sources)
+    # conditions on p's identity columns are decided on the ids alone, so the
+    # taken bytes are never filtered (or copied) afterwards
+    query = JOIN + " WHERE m.label = 3 AND m.sample_id < 40 AND p.sample_id % 2 = 1"
+    got = ds.sql(query)
+    assert sorted(got["sample_id"].to_list()) == [3, 3, 13, 13, 23, 23, 33, 33]
+    assert all(d == src[c].payload(s) for c, s, d in got.iter_rows())
+    above, below = nodes_above_and_below_the_take(physical_plan(ds, query))
+    assert "FilterExec" not in above and "sample_id@1 % 2 = 1" in below
+    # a condition on the stored record still filters the taken rows
+    mixed = (
+        JOIN.replace("p.data", "p.data, p.raw_len")
+        + " WHERE m.label = 3 AND p.sample_id < 40 AND p.raw_len > 36"
+    )
+    got = ds.sql(mixed)
+    expected = sorted((c, s) for c in src for s in range(3, 40, 10) if len(src[c].payload(s)) > 36)
+    assert sorted(zip(got["cache_id"], got["sample_id"], strict=True)) == expected
+    assert all(d == src[c].payload(s) and n == len(d) for c, s, d, n in got.iter_rows())
+    above, below = nodes_above_and_below_the_take(physical_plan(ds, mixed))
+    assert "raw_len" in above and "raw_len" not in below

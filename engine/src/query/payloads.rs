@@ -22,7 +22,11 @@ use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::expressions::Column;
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_expr::utils::collect_columns;
+use datafusion::physical_expr::{
+    conjunction_opt, split_conjunction, EquivalenceProperties, Partitioning, PhysicalExpr,
+    PhysicalExprRef,
+};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -307,6 +311,47 @@ fn shift_columns(
         .map(|t| t.data)
 }
 
+/// Split a predicate over the scan's columns into the conjuncts that read
+/// only `cache_id`/`sample_id`, rewritten onto the other side's identity
+/// columns `identity`, and the rest (still over the scan's columns).
+fn split_predicate(
+    predicate: &Arc<dyn PhysicalExpr>,
+    columns: &[PayloadColumn],
+    identity: (usize, usize),
+    other: &SchemaRef,
+) -> DfResult<(Option<PhysicalExprRef>, Option<PhysicalExprRef>)> {
+    let on_identity = |c: &Column| {
+        matches!(
+            columns.get(c.index()),
+            Some(PayloadColumn::CacheId | PayloadColumn::SampleId)
+        )
+    };
+    let (mut before, mut after) = (Vec::new(), Vec::new());
+    for conjunct in split_conjunction(predicate) {
+        let used = collect_columns(conjunct);
+        if !used.is_empty() && used.iter().all(on_identity) {
+            let moved = conjunct.clone().transform(|e| {
+                let any = e.as_ref() as &dyn std::any::Any;
+                Ok(match any.downcast_ref::<Column>() {
+                    Some(col) => {
+                        let at = match columns[col.index()] {
+                            PayloadColumn::CacheId => identity.0,
+                            _ => identity.1,
+                        };
+                        Transformed::yes(Arc::new(Column::new(other.field(at).name(), at))
+                            as Arc<dyn PhysicalExpr>)
+                    }
+                    None => Transformed::no(e),
+                })
+            })?;
+            before.push(moved.data);
+        } else {
+            after.push(conjunct.clone());
+        }
+    }
+    Ok((conjunction_opt(before), conjunction_opt(after)))
+}
+
 fn column_index(expr: &Arc<dyn PhysicalExpr>) -> Option<(usize, String)> {
     let col = (expr.as_ref() as &dyn std::any::Any).downcast_ref::<Column>()?;
     Some((col.index(), col.name().to_string()))
@@ -348,8 +393,20 @@ fn rewrite(join: &HashJoinExec) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
     if join.on().len() != 2 {
         return Ok(None);
     }
+    // A filter on the payload side splits: conditions on the identity alone
+    // (often inferred from the other side's, e.g. `m.sample_id < 500` gives
+    // `p.sample_id < 500`) run on the other side before any byte is read;
+    // the rest run on the taken rows.
+    let (before, after) = match &predicate {
+        Some(p) => split_predicate(p, scan.columns(), (cache_col, sample_col), &other.schema())?,
+        None => (None, None),
+    };
+    let input: Arc<dyn ExecutionPlan> = match before {
+        Some(p) => Arc::new(FilterExec::try_new(p, other.clone())?),
+        None => other.clone(),
+    };
     let take: Arc<dyn ExecutionPlan> = Arc::new(PayloadTakeExec::with_columns(
-        other.clone(),
+        input,
         scan.caches.clone(),
         (cache_col, sample_col),
         scan.columns().to_vec(),
@@ -357,8 +414,7 @@ fn rewrite(join: &HashJoinExec) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
     )?);
     // The join's output is left ++ right; the take's is other ++ scan.
     let other_n = other.schema().fields().len();
-    // A filter on payload columns runs on the taken rows (only joined rows are read).
-    let take: Arc<dyn ExecutionPlan> = match predicate {
+    let take: Arc<dyn ExecutionPlan> = match after {
         Some(p) => Arc::new(FilterExec::try_new(shift_columns(&p, other_n)?, take)?),
         None => take,
     };

@@ -2,20 +2,20 @@
 //! rows leave, in the same order, with a `data` column read from the mapped
 //! shards.
 //!
-//! Per input batch it looks up every index entry, sorts the addresses by
-//! (cache, shard, offset) for locality, and reads them in up to `concurrency`
-//! groups (checksums verified, records decoded) straight into their places in
-//! input order. `execute()` does no I/O; dropping the stream cancels
-//! the work that has not started.
+//! Per input batch it sorts the rows by (cache, sample), the order records
+//! were written, and reads them in up to `concurrency` groups (index entry,
+//! checksum verified, record decoded or referenced in place), then puts them
+//! in input order. Partitions share `concurrency`. `execute()` does no I/O;
+//! dropping the stream cancels the work that has not started.
 
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::array::builder::BinaryViewBuilder;
 use arrow::array::{
-    Array, ArrayRef, AsArray, BinaryViewArray, Int64Array, RecordBatch, StringArray,
+    make_view, Array, ArrayRef, AsArray, BinaryViewArray, ByteView, Int64Array, RecordBatch,
+    StringArray, MAX_INLINE_VIEW_LEN,
 };
-use arrow::buffer::Buffer;
+use arrow::buffer::{Buffer, ScalarBuffer};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DfResult};
@@ -49,8 +49,11 @@ const MIN_BYTES_PER_GROUP: usize = 4 << 20;
 /// Records stored raw are not copied: after their checksum is verified the
 /// array's views point straight into the mapped shard (page cache). Compressed
 /// records are decoded into one buffer per read group. Reads are sorted by
-/// (cache, shard, offset) for locality and split into up to `concurrency`
-/// groups on scoped threads.
+/// (cache, sample) — the order records were written, so shard by shard,
+/// offset by offset — and split into up to `concurrency` groups on scoped
+/// threads. Everything that touches a record (index entry, checksum, decode,
+/// the view's 4-byte prefix) happens in its group while the bytes are hot;
+/// putting the views in input order afterwards reads no payload memory.
 pub fn take_payloads(
     caches: &[Arc<Cache>],
     cache_ids: &[i64],
@@ -58,43 +61,23 @@ pub fn take_payloads(
     concurrency: usize,
 ) -> Result<BinaryViewArray> {
     let n = cache_ids.len();
-    let reads = locate(caches, cache_ids, sample_ids)?;
-    let total: usize = reads.iter().map(|r| r.entry.raw_len as usize).sum();
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_unstable_by_key(|&i| (reads[i].cache, reads[i].entry.shard, reads[i].entry.offset));
+    let rows = resolve(caches, cache_ids, sample_ids)?;
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    order.sort_unstable_by_key(|&i| rows[i as usize]);
+    // Splitting is decided on the caches' mean record size: the entries are
+    // read inside the groups.
+    let mean: Vec<usize> = caches
+        .iter()
+        .map(|c| (c.manifest().shard_bytes.iter().sum::<u64>() / c.records().max(1)) as usize)
+        .collect();
+    let estimate: usize = rows.iter().map(|&(c, _)| mean[c as usize]).sum();
     let groups = concurrency
         .min(n.div_ceil(MIN_ROWS_PER_GROUP))
-        .min(total.div_ceil(MIN_BYTES_PER_GROUP))
+        .min(estimate.div_ceil(MIN_BYTES_PER_GROUP))
         .max(1);
     let per = n.div_ceil(groups).max(1);
-    let run = |rows: &[usize]| -> Result<GroupOutput> {
-        let mut out = GroupOutput {
-            owned: Vec::new(),
-            pieces: Vec::with_capacity(rows.len()),
-        };
-        for &row in rows {
-            let r = &reads[row];
-            let cache = &caches[r.cache as usize];
-            let (shard, start, end) = cache.stored(r.sample, &r.entry, true)?;
-            let piece = if r.entry.codec == Codec::None && shard.len() < u32::MAX as usize {
-                Piece::Shard {
-                    start: start as u32,
-                    len: (end - start) as u32,
-                }
-            } else {
-                let at = out.owned.len();
-                out.owned.resize(at + r.entry.raw_len as usize, 0);
-                cache.read_entry(r.sample, &r.entry, &mut out.owned[at..], false)?;
-                Piece::Owned {
-                    start: at,
-                    len: r.entry.raw_len as usize,
-                }
-            };
-            out.pieces.push((row as u32, piece));
-        }
-        Ok(out)
-    };
-    let chunks: Vec<&[usize]> = order.chunks(per).collect();
+    let run = |chunk: &[u32]| read_group(caches, &rows, chunk);
+    let chunks: Vec<&[u32]> = order.chunks(per).collect();
     let outputs: Vec<GroupOutput> = if chunks.len() <= 1 {
         chunks.into_iter().map(run).collect::<Result<_>>()?
     } else {
@@ -109,60 +92,121 @@ pub fn take_payloads(
         })?
     };
 
-    // Assemble in input order: shard blocks once per (cache, shard), one block per group.
-    let mut builder = BinaryViewBuilder::with_capacity(n);
-    let mut shard_blocks: std::collections::HashMap<(u32, u32), u32> =
-        std::collections::HashMap::new();
-    let mut placed: Vec<(u32, u32, u32)> = vec![(0, 0, 0); n]; // (block, offset, len)
+    // Input order; each group's local buffer numbers become the array's.
+    let mut buffers: Vec<Buffer> = Vec::new();
+    let mut block_of: std::collections::HashMap<(u32, u32), u32> = std::collections::HashMap::new();
+    let mut views = vec![0u128; n];
     for out in outputs {
-        let group_block =
-            (!out.owned.is_empty()).then(|| builder.append_block(Buffer::from_vec(out.owned)));
-        for (row, piece) in out.pieces {
-            let r = &reads[row as usize];
-            placed[row as usize] = match piece {
-                Piece::Shard { start, len } => {
-                    let key = (r.cache, r.entry.shard);
-                    let block = match shard_blocks.get(&key) {
-                        Some(&b) => b,
-                        None => {
-                            let (shard, _, _) =
-                                caches[r.cache as usize].stored(r.sample, &r.entry, false)?;
-                            let b = builder.append_block(shard.clone());
-                            shard_blocks.insert(key, b);
-                            b
-                        }
-                    };
-                    (block, start, len)
+        let blocks: Vec<u32> = out
+            .buffers
+            .into_iter()
+            .map(|local| match local {
+                Local::Shard(key, buffer) => *block_of.entry(key).or_insert_with(|| {
+                    buffers.push(buffer.clone());
+                    buffers.len() as u32 - 1
+                }),
+                Local::Owned(bytes) => {
+                    buffers.push(Buffer::from_vec(bytes));
+                    buffers.len() as u32 - 1
                 }
-                Piece::Owned { start, len } => {
-                    (group_block.expect("owned bytes"), start as u32, len as u32)
-                }
+            })
+            .collect();
+        for (row, view) in out.views {
+            let view = ByteView::from(view);
+            views[row as usize] = if view.length <= MAX_INLINE_VIEW_LEN {
+                view.as_u128() // the bytes are in the view itself
+            } else {
+                view.with_buffer_index(blocks[view.buffer_index as usize])
+                    .as_u128()
             };
         }
     }
-    for (block, offset, len) in placed {
-        builder
-            .try_append_view(block, offset, len)
-            .map_err(|e| Error::invalid(format!("payload view: {e}")))?;
+    let views = ScalarBuffer::from(views);
+    debug_assert!(
+        <arrow::datatypes::BinaryViewType as arrow::datatypes::ByteViewType>::validate(
+            &views, &buffers
+        )
+        .is_ok()
+    );
+    // SAFETY: every view was made by `make_view` from the exact bytes it
+    // describes (so its length and prefix match); a non-inline view's offset
+    // and length lie within the buffer it names, because that buffer is the
+    // shard or the group buffer the bytes were taken from, renumbered above
+    // to its position in `buffers`. Binary views need no UTF-8 check.
+    Ok(unsafe { BinaryViewArray::new_unchecked(views, buffers, None) })
+}
+
+/// A buffer a read group's views point into.
+enum Local<'a> {
+    /// A mapped shard, keyed by (cache position, shard number).
+    Shard((u32, u32), &'a Buffer),
+    /// Decoded bytes of compressed records (at most 4 GiB: view offsets are u32).
+    Owned(Vec<u8>),
+}
+
+/// What one read group produced: views numbered against its own buffers.
+struct GroupOutput<'a> {
+    buffers: Vec<Local<'a>>,
+    /// (input row, view)
+    views: Vec<(u32, u128)>,
+}
+
+fn read_group<'a>(
+    caches: &'a [Arc<Cache>],
+    rows: &[(u32, u64)],
+    chunk: &[u32],
+) -> Result<GroupOutput<'a>> {
+    let mut buffers: Vec<Local<'a>> = Vec::new();
+    let mut views = Vec::with_capacity(chunk.len());
+    let mut owned: Option<usize> = None; // the Owned buffer being filled
+    for &row in chunk {
+        let (c, sample) = rows[row as usize];
+        let cache = &caches[c as usize];
+        let entry = cache.entry(sample)?;
+        let (shard, start, end) = cache.stored(sample, &entry, true)?;
+        let view = if entry.codec == Codec::None && shard.len() <= u32::MAX as usize {
+            let key = (c, entry.shard);
+            // rows are in (cache, sample) order: mostly the last shard again
+            let found = buffers
+                .iter()
+                .rposition(|b| matches!(b, Local::Shard(k, _) if *k == key));
+            let local = found.unwrap_or_else(|| {
+                buffers.push(Local::Shard(key, shard));
+                buffers.len() - 1
+            });
+            make_view(&shard[start..end], local as u32, start as u32)
+        } else {
+            let len = entry.raw_len as usize;
+            let fits =
+                |b: &Local| matches!(b, Local::Owned(v) if v.len() + len <= u32::MAX as usize);
+            let local = match owned {
+                Some(i) if fits(&buffers[i]) => i,
+                _ => {
+                    buffers.push(Local::Owned(Vec::new()));
+                    buffers.len() - 1
+                }
+            };
+            owned = Some(local);
+            let Local::Owned(bytes) = &mut buffers[local] else {
+                unreachable!("an owned buffer")
+            };
+            let at = bytes.len();
+            bytes.resize(at + len, 0);
+            cache.read_entry(sample, &entry, &mut bytes[at..], false)?;
+            make_view(&bytes[at..], local as u32, at as u32)
+        };
+        views.push((row, view));
     }
-    Ok(builder.finish())
+    Ok(GroupOutput { buffers, views })
 }
 
-/// Where a record's decoded bytes are.
-enum Piece {
-    /// Stored raw: a range of its (mapped) shard.
-    Shard { start: u32, len: u32 },
-    /// Decoded into the group's own buffer.
-    Owned { start: usize, len: usize },
-}
-
-struct GroupOutput {
-    owned: Vec<u8>,
-    pieces: Vec<(u32, Piece)>,
-}
-
-/// Find each `(cache_id, sample_id)`: its cache and its index entry.
-fn locate(caches: &[Arc<Cache>], cache_ids: &[i64], sample_ids: &[i64]) -> Result<Vec<Read>> {
+/// The cache (by position) and sample of each `(cache_id, sample_id)`, with
+/// the row named in the error for an unknown cache or a negative sample id.
+fn resolve(
+    caches: &[Arc<Cache>],
+    cache_ids: &[i64],
+    sample_ids: &[i64],
+) -> Result<Vec<(u32, u64)>> {
     let mut pos = 0usize;
     cache_ids
         .iter()
@@ -178,20 +222,9 @@ fn locate(caches: &[Arc<Cache>], cache_ids: &[i64], sample_ids: &[i64]) -> Resul
             }
             let sample = u64::try_from(sid)
                 .map_err(|_| Error::invalid(format!("row {i}: sample_id {sid} is negative")))?;
-            Ok(Read {
-                cache: pos as u32,
-                sample,
-                entry: caches[pos].entry(sample)?,
-            })
+            Ok((pos as u32, sample))
         })
         .collect()
-}
-
-/// One record to read: where it is and how it is stored.
-struct Read {
-    cache: u32,
-    sample: u64,
-    entry: IndexEntry,
 }
 
 /// Total value bytes of a `BinaryView` payload column.
@@ -269,10 +302,10 @@ pub fn payload_columns(
         )
     });
     let entries: Vec<IndexEntry> = if needs_index {
-        locate(caches, cache_ids, sample_ids)?
+        resolve(caches, cache_ids, sample_ids)?
             .into_iter()
-            .map(|r| r.entry)
-            .collect()
+            .map(|(c, sample)| caches[c as usize].entry(sample))
+            .collect::<Result<_>>()?
     } else {
         Vec::new()
     };
@@ -518,8 +551,10 @@ impl ExecutionPlan for PayloadTakeExec {
         });
         let caches = self.caches.clone();
         let columns: Arc<[PayloadColumn]> = self.columns.clone().into();
-        let (identity, concurrency, schema) =
-            (self.identity, self.concurrency, self.schema.clone());
+        // Partitions run at once: together they use `concurrency` threads.
+        let partitions = self.properties.output_partitioning().partition_count();
+        let concurrency = self.concurrency.div_ceil(partitions.max(1)).max(1);
+        let (identity, schema) = (self.identity, self.schema.clone());
         let stream = input.then(move |batch| {
             let (caches, columns, schema, metrics) = (
                 caches.clone(),

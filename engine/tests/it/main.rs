@@ -1,3 +1,4 @@
 mod catalog;
 mod query;
 mod store;
+mod take;

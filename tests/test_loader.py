@@ -39,7 +39,7 @@ def test_explain_shows_the_loader_plan(two_caches):
     ds, _, _ = two_caches
     loader = ds.loader(batch_size=16, seed=1, threads=2)
     plan = loader.explain()
-    assert "PayloadTakeExec: caches=2, columns=[data], concurrency=2" in plan
+    assert "PayloadTakeExec: caches=2, columns=[data], unmatched=Error, concurrency=2" in plan
     assert "SampleExec: snapshot=0" in plan and "seed=1" in plan
     assert plan.index("PayloadTakeExec") < plan.index("SampleExec")
     sum(len(b) for b in loader)

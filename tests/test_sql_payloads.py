@@ -108,6 +108,61 @@ def test_a_registered_losses_table_drives_hard_example_weights(two_caches, tmp_p
         ds.register("x", tmp_path / "missing.csv")
 
 
+def test_rows_of_a_registered_table_that_name_no_stored_sample_follow_sql(two_caches):
+    ds, _, sources = two_caches
+    src = by_id(ds, sources)
+    alpha, beta = sorted(src, key=lambda c: src[c].name)  # 500 and 300 samples
+    # unknown cache, sample past the end, negative sample, null ids
+    ids = [
+        (beta, 7, 0.1),
+        (alpha + beta, 1, 0.2),
+        (alpha, 499, 0.3),
+        (beta, 300, 0.4),
+        (alpha, -1, 0.5),
+        (None, 3, 0.6),
+        (alpha, None, 0.7),
+        (alpha, 2, 0.8),
+    ]
+    losses = pl.DataFrame(ids, schema=["cache_id", "sample_id", "loss"], orient="row")
+    ds.register("losses", losses)
+    stored = [0, 2, 7]  # rows naming a stored sample
+    inner = (
+        "SELECT l.cache_id, l.sample_id, l.loss, p.data FROM losses l "
+        "JOIN payloads p USING (cache_id, sample_id)"
+    )
+    assert "PayloadTakeExec" in physical_plan(ds, inner)
+    got = ds.sql(inner)  # an inner join leaves them out, like any join
+    assert got["loss"].to_list() == [ids[i][2] for i in stored]
+    assert all(d == src[c].payload(s) for c, s, _, d in got.iter_rows())
+    outer = (
+        "SELECT l.cache_id, l.sample_id, l.loss, p.raw_len, p.data FROM losses l "
+        "LEFT JOIN payloads p USING (cache_id, sample_id)"
+    )
+    assert "PayloadTakeExec" in physical_plan(ds, outer)
+    got = ds.sql(outer)  # an outer join keeps them with null payload columns
+    assert got["loss"].to_list() == [row[2] for row in ids]
+    for i, (c, s, _, raw_len, d) in enumerate(got.iter_rows()):
+        if i in stored:
+            assert d == src[c].payload(s) and raw_len == len(d)
+        else:
+            assert d is None and raw_len is None
+    flipped = (
+        "SELECT l.loss, p.data FROM payloads p RIGHT JOIN losses l "
+        "ON p.cache_id = l.cache_id AND p.sample_id = l.sample_id"
+    )
+    assert "PayloadTakeExec" in physical_plan(ds, flipped)
+    assert ds.sql(flipped)["data"].to_list() == got["data"].to_list()
+    # a condition on the payloads side of an outer join nulls rows rather
+    # than dropping them (planned as a hash join, still correct)
+    filtered = ds.sql(
+        "SELECT l.loss, p.data FROM losses l LEFT JOIN "
+        "(SELECT * FROM payloads WHERE sample_id > 5) p USING (cache_id, sample_id) "
+        "ORDER BY l.loss"
+    )
+    assert filtered["loss"].to_list() == [row[2] for row in ids]
+    assert [d is not None for d in filtered["data"]] == [i in (0, 2) for i in range(8)]
+
+
 def test_pyarrow_and_duckdb_read_results_through_pycapsules(two_caches):
     pa = pytest.importorskip("pyarrow")
     duckdb = pytest.importorskip("duckdb")

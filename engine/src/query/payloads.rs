@@ -41,7 +41,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::take::{payload_columns, PayloadColumn, PayloadTakeExec};
+use super::take::{payload_columns, PayloadColumn, PayloadTakeExec, Unmatched};
 use crate::store::Cache;
 
 /// Rows per batch of a full `payloads` scan.
@@ -358,13 +358,24 @@ fn column_index(expr: &Arc<dyn PhysicalExpr>) -> Option<(usize, String)> {
 }
 
 fn rewrite(join: &HashJoinExec) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
-    if *join.join_type() != JoinType::Inner || join.filter().is_some() {
+    if join.filter().is_some() {
         return Ok(None);
     }
     let (side, other, scan_is_left) = match (payload_scan(join.left()), payload_scan(join.right()))
     {
         (Some(found), None) => (found, join.right(), true),
         (None, Some(found)) => (found, join.left(), false),
+        _ => return Ok(None),
+    };
+    // SQL's answer for rows that name no stored sample: an inner join drops
+    // them, an outer join on the other side keeps them with null payloads.
+    let unmatched = match (join.join_type(), scan_is_left) {
+        (JoinType::Inner, _) => Unmatched::Drop,
+        // a filter on the payloads side of an outer join nulls rows instead
+        // of dropping them: left to the hash join
+        (JoinType::Left, false) | (JoinType::Right, true) if side.predicate.is_none() => {
+            Unmatched::Null
+        }
         _ => return Ok(None),
     };
     let ScanSide {
@@ -410,6 +421,7 @@ fn rewrite(join: &HashJoinExec) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
         scan.caches.clone(),
         (cache_col, sample_col),
         scan.columns().to_vec(),
+        unmatched,
         scan.concurrency,
     )?);
     // The join's output is left ++ right; the take's is other ++ scan.

@@ -12,10 +12,11 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow::array::{
-    make_view, Array, ArrayRef, AsArray, BinaryViewArray, ByteView, Int64Array, RecordBatch,
-    StringArray, MAX_INLINE_VIEW_LEN,
+    make_view, Array, ArrayRef, AsArray, BinaryViewArray, BooleanArray, ByteView, Int64Array,
+    RecordBatch, StringArray, UInt32Array, MAX_INLINE_VIEW_LEN,
 };
 use arrow::buffer::{Buffer, ScalarBuffer};
+use arrow::compute::{filter_record_batch, take};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DfResult};
@@ -335,6 +336,19 @@ pub fn payload_columns(
     Ok(out)
 }
 
+/// What becomes of an input row whose identity is not a stored sample
+/// (an unknown cache, a sample id out of range, or a null).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unmatched {
+    /// An error naming the row: every row must be a stored sample (the
+    /// loader's draws, `get_item`).
+    Error,
+    /// The row is left out, as an inner join with `payloads` does.
+    Drop,
+    /// The row stays, its payload columns null, as an outer join does.
+    Null,
+}
+
 /// The custom DataFusion node that turns identities into payload bytes: the
 /// same rows leave, in the same order, with `columns` appended.
 #[derive(Debug)]
@@ -344,6 +358,7 @@ pub struct PayloadTakeExec {
     /// Positions of the Int64 identity columns in the input.
     identity: (usize, usize),
     columns: Vec<PayloadColumn>,
+    unmatched: Unmatched,
     concurrency: usize,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
@@ -371,17 +386,20 @@ impl PayloadTakeExec {
             caches,
             identity,
             vec![PayloadColumn::Data],
+            Unmatched::Error,
             concurrency,
         )
     }
 
     /// Append `columns` to `input`, whose identity is in the Int64 columns at
-    /// positions `identity = (cache_id, sample_id)`.
+    /// positions `identity = (cache_id, sample_id)`; rows that name no stored
+    /// sample are treated as `unmatched` says.
     pub fn with_columns(
         input: Arc<dyn ExecutionPlan>,
         caches: Arc<[Arc<Cache>]>,
         identity: (usize, usize),
         columns: Vec<PayloadColumn>,
+        unmatched: Unmatched,
         concurrency: usize,
     ) -> Result<Self> {
         let in_schema = input.schema();
@@ -397,7 +415,12 @@ impl PayloadTakeExec {
             }
         }
         let mut fields: Vec<Arc<Field>> = in_schema.fields().iter().cloned().collect();
-        fields.extend(columns.iter().map(|c| Arc::new(c.field())));
+        let nullable = unmatched == Unmatched::Null;
+        fields.extend(
+            columns
+                .iter()
+                .map(|c| Arc::new(c.field().with_nullable(nullable))),
+        );
         let schema = Arc::new(Schema::new(fields));
         let properties = PlanProperties::new(
             EquivalenceProperties::new(schema.clone()),
@@ -410,6 +433,7 @@ impl PayloadTakeExec {
             caches,
             identity,
             columns,
+            unmatched,
             concurrency: concurrency.max(1),
             schema,
             properties: Arc::new(properties),
@@ -427,48 +451,114 @@ impl DisplayAs for PayloadTakeExec {
         let names: Vec<&str> = self.columns.iter().map(|c| c.name()).collect();
         write!(
             f,
-            "PayloadTakeExec: caches={}, columns=[{}], concurrency={}, verify_checksums=true",
+            "PayloadTakeExec: caches={}, columns=[{}], unmatched={:?}, concurrency={}, \
+             verify_checksums=true",
             self.caches.len(),
             names.join(", "),
+            self.unmatched,
             self.concurrency
         )
     }
 }
 
-struct TakeMetrics {
+/// What every batch of one partition's stream needs.
+struct PartitionTake {
+    caches: Arc<[Arc<Cache>]>,
+    identity: (usize, usize),
+    columns: Arc<[PayloadColumn]>,
+    unmatched: Unmatched,
+    concurrency: usize,
+    schema: SchemaRef,
     rows: Count,
     bytes: Count,
     read_time: Time,
 }
 
-async fn take_batch(
-    batch: RecordBatch,
-    caches: Arc<[Arc<Cache>]>,
-    identity: (usize, usize),
-    columns: Arc<[PayloadColumn]>,
-    concurrency: usize,
-    schema: SchemaRef,
-    metrics: &TakeMetrics,
-) -> DfResult<RecordBatch> {
-    let timer = metrics.read_time.timer();
-    let cache_ids = column_i64(&batch, identity.0)?;
-    let sample_ids = column_i64(&batch, identity.1)?;
-    let cols = columns.clone();
-    let added = tokio::task::spawn_blocking(move || {
-        payload_columns(&caches, &cache_ids, &sample_ids, &cols, concurrency)
-    })
-    .await
-    .map_err(|e| DataFusionError::Execution(format!("payload read task failed: {e}")))??;
-    metrics.rows.add(batch.num_rows());
-    for (c, a) in columns.iter().zip(&added) {
-        if *c == PayloadColumn::Data {
-            metrics.bytes.add(binary_view_bytes(a.as_ref()));
+impl PartitionTake {
+    async fn batch(self: Arc<Self>, batch: RecordBatch) -> DfResult<RecordBatch> {
+        let timer = self.read_time.timer();
+        // Under a join, rows naming no stored sample are left out first; an
+        // outer join puts them back below with null payload columns.
+        let stored = match self.unmatched {
+            Unmatched::Error => None,
+            Unmatched::Drop | Unmatched::Null => {
+                Some(stored_mask(&batch, self.identity, &self.caches))
+            }
+        };
+        let matched = match &stored {
+            Some(mask) if mask.true_count() < batch.num_rows() => {
+                filter_record_batch(&batch, mask)?
+            }
+            _ => batch.clone(),
+        };
+        let cache_ids = column_i64(&matched, self.identity.0)?;
+        let sample_ids = column_i64(&matched, self.identity.1)?;
+        let this = self.clone();
+        let mut added = tokio::task::spawn_blocking(move || {
+            payload_columns(
+                &this.caches,
+                &cache_ids,
+                &sample_ids,
+                &this.columns,
+                this.concurrency,
+            )
+        })
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("payload read task failed: {e}")))??;
+        for (c, a) in self.columns.iter().zip(&added) {
+            if *c == PayloadColumn::Data {
+                self.bytes.add(binary_view_bytes(a.as_ref()));
+            }
         }
+        let base = match (self.unmatched, &stored) {
+            (Unmatched::Null, Some(mask)) if mask.true_count() < batch.num_rows() => {
+                // row i takes added row k (its rank among the stored), or null
+                let mut k = 0u32;
+                let at: UInt32Array = mask
+                    .iter()
+                    .map(|stored| {
+                        stored.unwrap_or(false).then(|| {
+                            k += 1;
+                            k - 1
+                        })
+                    })
+                    .collect();
+                added = added
+                    .iter()
+                    .map(|a| take(a.as_ref(), &at, None))
+                    .collect::<std::result::Result<_, _>>()?;
+                batch
+            }
+            _ => matched,
+        };
+        self.rows.add(base.num_rows());
+        timer.done();
+        let mut all: Vec<ArrayRef> = base.columns().to_vec();
+        all.extend(added);
+        Ok(RecordBatch::try_new(self.schema.clone(), all)?)
     }
-    timer.done();
-    let mut all: Vec<ArrayRef> = batch.columns().to_vec();
-    all.extend(added);
-    Ok(RecordBatch::try_new(schema, all)?)
+}
+
+/// Which rows name a stored sample: both identity values present, a cache
+/// of this dataset, a sample id in its range.
+fn stored_mask(
+    batch: &RecordBatch,
+    identity: (usize, usize),
+    caches: &[Arc<Cache>],
+) -> BooleanArray {
+    let cache_ids = batch.column(identity.0).as_primitive::<Int64Type>();
+    let sample_ids = batch.column(identity.1).as_primitive::<Int64Type>();
+    cache_ids
+        .iter()
+        .zip(sample_ids.iter())
+        .map(|(cid, sid)| {
+            let (Some(cid), Some(sid)) = (cid, sid) else {
+                return Some(false);
+            };
+            let found = caches.binary_search_by_key(&cid, |c| c.id()).ok();
+            Some(found.is_some_and(|at| u64::try_from(sid).is_ok_and(|s| s < caches[at].records())))
+        })
+        .collect()
 }
 
 fn column_i64(batch: &RecordBatch, index: usize) -> DfResult<Arc<[i64]>> {
@@ -522,6 +612,7 @@ impl ExecutionPlan for PayloadTakeExec {
             self.caches.clone(),
             self.identity,
             self.columns.clone(),
+            self.unmatched,
             self.concurrency,
         )?))
     }
@@ -544,36 +635,22 @@ impl ExecutionPlan for PayloadTakeExec {
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
         let input = self.input.execute(partition, context)?;
-        let metrics = Arc::new(TakeMetrics {
+        // Partitions run at once: together they use `concurrency` threads.
+        let partitions = self.properties.output_partitioning().partition_count();
+        let take = Arc::new(PartitionTake {
+            caches: self.caches.clone(),
+            identity: self.identity,
+            columns: self.columns.clone().into(),
+            unmatched: self.unmatched,
+            concurrency: self.concurrency.div_ceil(partitions.max(1)).max(1),
+            schema: self.schema.clone(),
             rows: MetricBuilder::new(&self.metrics).output_rows(partition),
             bytes: MetricBuilder::new(&self.metrics).counter("payload_bytes", partition),
             read_time: MetricBuilder::new(&self.metrics).subset_time("read_time", partition),
         });
-        let caches = self.caches.clone();
-        let columns: Arc<[PayloadColumn]> = self.columns.clone().into();
-        // Partitions run at once: together they use `concurrency` threads.
-        let partitions = self.properties.output_partitioning().partition_count();
-        let concurrency = self.concurrency.div_ceil(partitions.max(1)).max(1);
-        let (identity, schema) = (self.identity, self.schema.clone());
         let stream = input.then(move |batch| {
-            let (caches, columns, schema, metrics) = (
-                caches.clone(),
-                columns.clone(),
-                schema.clone(),
-                metrics.clone(),
-            );
-            async move {
-                take_batch(
-                    batch?,
-                    caches,
-                    identity,
-                    columns,
-                    concurrency,
-                    schema,
-                    &metrics,
-                )
-                .await
-            }
+            let take = take.clone();
+            async move { take.batch(batch?).await }
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema.clone(),

@@ -153,7 +153,7 @@ def test_rows_of_a_registered_table_that_name_no_stored_sample_follow_sql(two_ca
     assert "PayloadTakeExec" in physical_plan(ds, flipped)
     assert ds.sql(flipped)["data"].to_list() == got["data"].to_list()
     # a condition on the payloads side of an outer join nulls rows rather
-    # than dropping them (planned as a hash join, still correct)
+    # than dropping them
     filtered = ds.sql(
         "SELECT l.loss, p.data FROM losses l LEFT JOIN "
         "(SELECT * FROM payloads WHERE sample_id > 5) p USING (cache_id, sample_id) "

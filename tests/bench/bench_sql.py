@@ -6,8 +6,9 @@ Run by hand against the release extension (`make bench`). In the same run:
 - `SELECT m.cache_id, m.sample_id, p.data FROM metadata m JOIN payloads p
   USING (cache_id, sample_id) WHERE m.label = 3` (planned to PayloadTakeExec)
   vs `get_item` in a Python loop over the same identities, in MiB/s, on a
-  256 MiB and a 1 GiB cache of 16 KiB payloads (10 labels, so a label is 10%
-  of the rows), plus `label < 5` (50%) on the larger one. The loop is timed
+  256 MiB cache and on a 1 GiB dataset (four such caches) of 16 KiB payloads
+  (10 labels, so a label is 10% of the rows), plus `label < 5` (50%) on the
+  larger one. The loop is timed
   twice: keeping every payload (what the SQL result holds) and dropping each
   one as it comes (less work than the query does, the stricter baseline).
   The index-only join (`p.stored_len`, no payload bytes) shows the fixed cost

@@ -290,11 +290,10 @@ fn payload_scan(plan: &Arc<dyn ExecutionPlan>) -> Option<ScanSide<'_>> {
     }
 }
 
-/// `predicate` over the scan's columns, moved to the take's output, where
-/// they follow the other side's `offset` columns.
-fn shift_columns(
+/// `predicate` with every column `c` replaced by `to(c)` = (name, index).
+fn remap_columns(
     predicate: &Arc<dyn PhysicalExpr>,
-    offset: usize,
+    to: impl Fn(&Column) -> (String, usize),
 ) -> DfResult<Arc<dyn PhysicalExpr>> {
     predicate
         .clone()
@@ -302,8 +301,8 @@ fn shift_columns(
             let any = e.as_ref() as &dyn std::any::Any;
             Ok(match any.downcast_ref::<Column>() {
                 Some(col) => {
-                    Transformed::yes(Arc::new(Column::new(col.name(), col.index() + offset))
-                        as Arc<dyn PhysicalExpr>)
+                    let (name, index) = to(col);
+                    Transformed::yes(Arc::new(Column::new(&name, index)) as Arc<dyn PhysicalExpr>)
                 }
                 None => Transformed::no(e),
             })
@@ -330,21 +329,13 @@ fn split_predicate(
     for conjunct in split_conjunction(predicate) {
         let used = collect_columns(conjunct);
         if !used.is_empty() && used.iter().all(on_identity) {
-            let moved = conjunct.clone().transform(|e| {
-                let any = e.as_ref() as &dyn std::any::Any;
-                Ok(match any.downcast_ref::<Column>() {
-                    Some(col) => {
-                        let at = match columns[col.index()] {
-                            PayloadColumn::CacheId => identity.0,
-                            _ => identity.1,
-                        };
-                        Transformed::yes(Arc::new(Column::new(other.field(at).name(), at))
-                            as Arc<dyn PhysicalExpr>)
-                    }
-                    None => Transformed::no(e),
-                })
-            })?;
-            before.push(moved.data);
+            before.push(remap_columns(conjunct, |col| {
+                let at = match columns[col.index()] {
+                    PayloadColumn::CacheId => identity.0,
+                    _ => identity.1,
+                };
+                (other.field(at).name().clone(), at)
+            })?);
         } else {
             after.push(conjunct.clone());
         }
@@ -427,7 +418,11 @@ fn rewrite(join: &HashJoinExec) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
     // The join's output is left ++ right; the take's is other ++ scan.
     let other_n = other.schema().fields().len();
     let take: Arc<dyn ExecutionPlan> = match after {
-        Some(p) => Arc::new(FilterExec::try_new(shift_columns(&p, other_n)?, take)?),
+        // the scan's columns follow the other side's in the take's output
+        Some(p) => {
+            let shifted = remap_columns(&p, |c| (c.name().to_string(), c.index() + other_n))?;
+            Arc::new(FilterExec::try_new(shifted, take)?)
+        }
         None => take,
     };
     let scan_n = scan.columns().len();

@@ -1,12 +1,14 @@
-//! `PayloadTakeExec`: rows carrying `(cache_id, sample_id)` come in, the same
-//! rows leave, in the same order, with a `data` column read from the mapped
-//! shards.
+//! `PayloadTakeExec`: rows carrying `(cache_id, sample_id)` come in and leave
+//! in input order with payload columns (`data`, or index columns such as
+//! `raw_len`) read from the mapped caches. A row that names no stored sample
+//! is an error, dropped or given nulls, as its [`Unmatched`] says.
 //!
 //! Per input batch it sorts the rows by (cache, sample), the order records
 //! were written, and reads them in up to `concurrency` groups (index entry,
 //! checksum verified, record decoded or referenced in place), then puts them
-//! in input order. Partitions share `concurrency`. `execute()` does no I/O;
-//! dropping the stream cancels the work that has not started.
+//! in input order. Partitions split `concurrency` between them (at least one
+//! thread each). `execute()` does no I/O; dropping the stream cancels the
+//! work that has not started.
 
 use std::fmt;
 use std::sync::Arc;
@@ -65,11 +67,20 @@ pub fn take_payloads(
     let rows = resolve(caches, cache_ids, sample_ids)?;
     let mut order: Vec<u32> = (0..n as u32).collect();
     order.sort_unstable_by_key(|&i| rows[i as usize]);
-    // Splitting is decided on the caches' mean record size: the entries are
-    // read inside the groups.
+    // Splitting is decided on the caches' mean record size (the entries are
+    // read inside the groups); a compressed record costs about its decoded
+    // size, some 4x what is stored.
     let mean: Vec<usize> = caches
         .iter()
-        .map(|c| (c.manifest().shard_bytes.iter().sum::<u64>() / c.records().max(1)) as usize)
+        .map(|c| {
+            let stored = c.manifest().shard_bytes.iter().sum::<u64>() / c.records().max(1);
+            let decode = if c.manifest().codec == Codec::None {
+                1
+            } else {
+                4
+            };
+            (stored * decode) as usize
+        })
         .collect();
     let estimate: usize = rows.iter().map(|&(c, _)| mean[c as usize]).sum();
     let groups = concurrency
@@ -165,7 +176,13 @@ fn read_group<'a>(
         let cache = &caches[c as usize];
         let entry = cache.entry(sample)?;
         let (shard, start, end) = cache.stored(sample, &entry, true)?;
-        let view = if entry.codec == Codec::None && shard.len() <= u32::MAX as usize {
+        let view = if entry.raw_len <= MAX_INLINE_VIEW_LEN {
+            // at most 12 bytes: they live in the view itself
+            let mut small = [0u8; MAX_INLINE_VIEW_LEN as usize];
+            let small = &mut small[..entry.raw_len as usize];
+            cache.read_entry(sample, &entry, small, false)?;
+            make_view(small, 0, 0)
+        } else if entry.codec == Codec::None && shard.len() <= u32::MAX as usize {
             let key = (c, entry.shard);
             // rows are in (cache, sample) order: mostly the last shard again
             let found = buffers
@@ -214,18 +231,25 @@ fn resolve(
         .zip(sample_ids)
         .enumerate()
         .map(|(i, (&cid, &sid))| {
-            if caches.get(pos).map(|c| c.id()) != Some(cid) {
-                pos = caches.binary_search_by_key(&cid, |c| c.id()).map_err(|_| {
-                    Error::invalid(format!(
-                        "row {i}: cache_id {cid} is not a cache of this dataset"
-                    ))
-                })?;
-            }
+            pos = cache_position(caches, cid, pos).ok_or_else(|| {
+                Error::invalid(format!(
+                    "row {i}: cache_id {cid} is not a cache of this dataset"
+                ))
+            })?;
             let sample = u64::try_from(sid)
                 .map_err(|_| Error::invalid(format!("row {i}: sample_id {sid} is negative")))?;
             Ok((pos as u32, sample))
         })
         .collect()
+}
+
+/// Position of cache `cache_id` among `caches` (sorted by id), trying `hint`
+/// first: consecutive rows mostly name the same cache.
+fn cache_position(caches: &[Arc<Cache>], cache_id: i64, hint: usize) -> Option<usize> {
+    if caches.get(hint).is_some_and(|c| c.id() == cache_id) {
+        return Some(hint);
+    }
+    caches.binary_search_by_key(&cache_id, |c| c.id()).ok()
 }
 
 /// Total value bytes of a `BinaryView` payload column.
@@ -341,7 +365,7 @@ pub fn payload_columns(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unmatched {
     /// An error naming the row: every row must be a stored sample (the
-    /// loader's draws, `get_item`).
+    /// loader's draws).
     Error,
     /// The row is left out, as an inner join with `payloads` does.
     Drop,
@@ -349,8 +373,9 @@ pub enum Unmatched {
     Null,
 }
 
-/// The custom DataFusion node that turns identities into payload bytes: the
-/// same rows leave, in the same order, with `columns` appended.
+/// The custom DataFusion node that turns identities into payload bytes: rows
+/// leave in input order with `columns` appended (see [`Unmatched`] for rows
+/// that name no stored sample).
 #[derive(Debug)]
 pub struct PayloadTakeExec {
     input: Arc<dyn ExecutionPlan>,
@@ -548,6 +573,7 @@ fn stored_mask(
 ) -> BooleanArray {
     let cache_ids = batch.column(identity.0).as_primitive::<Int64Type>();
     let sample_ids = batch.column(identity.1).as_primitive::<Int64Type>();
+    let mut pos = 0usize;
     cache_ids
         .iter()
         .zip(sample_ids.iter())
@@ -555,8 +581,11 @@ fn stored_mask(
             let (Some(cid), Some(sid)) = (cid, sid) else {
                 return Some(false);
             };
-            let found = caches.binary_search_by_key(&cid, |c| c.id()).ok();
-            Some(found.is_some_and(|at| u64::try_from(sid).is_ok_and(|s| s < caches[at].records())))
+            let Some(at) = cache_position(caches, cid, pos) else {
+                return Some(false);
+            };
+            pos = at;
+            Some(u64::try_from(sid).is_ok_and(|s| s < caches[at].records()))
         })
         .collect()
 }
@@ -635,7 +664,7 @@ impl ExecutionPlan for PayloadTakeExec {
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
         let input = self.input.execute(partition, context)?;
-        // Partitions run at once: together they use `concurrency` threads.
+        // Partitions run at once: they split `concurrency`, one thread at least.
         let partitions = self.properties.output_partitioning().partition_count();
         let take = Arc::new(PartitionTake {
             caches: self.caches.clone(),

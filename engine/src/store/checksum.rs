@@ -3,9 +3,10 @@
 //! is a single choice.
 //!
 //! The `crc-fast` crate folds with carry-less multiplication (VPCLMULQDQ
-//! where the CPU has it): ~55 GB/s on a 16 KiB record in cache on this
-//! project's machines, twice the SSE4.2 `crc32` instruction, so verifying
-//! every read stays bound by memory, not by the checksum
+//! where the CPU has it): ~50 GiB/s on a 16 KiB record in cache on this
+//! project's machines, twice the SSE4.2 `crc32` instruction, and as fast as
+//! a plain read from memory, so verifying every read costs no more than
+//! reading it
 //! (`cargo bench --workspace --bench checksum`).
 
 use crc_fast::{CrcAlgorithm, Digest};

@@ -128,7 +128,7 @@ def test_rows_of_a_registered_table_that_name_no_stored_sample_follow_sql(two_ca
     stored = [0, 2, 7]  # rows naming a stored sample
     inner = (
         "SELECT l.cache_id, l.sample_id, l.loss, p.data FROM losses l "
-        "JOIN payloads p USING (cache_id, sample_id)"
+        "JOIN payloads p USING (cache_id, sample_id) ORDER BY l.loss"
     )
     assert "PayloadTakeExec" in physical_plan(ds, inner)
     got = ds.sql(inner)  # an inner join leaves them out, like any join
@@ -136,7 +136,7 @@ def test_rows_of_a_registered_table_that_name_no_stored_sample_follow_sql(two_ca
     assert all(d == src[c].payload(s) for c, s, _, d in got.iter_rows())
     outer = (
         "SELECT l.cache_id, l.sample_id, l.loss, p.raw_len, p.data FROM losses l "
-        "LEFT JOIN payloads p USING (cache_id, sample_id)"
+        "LEFT JOIN payloads p USING (cache_id, sample_id) ORDER BY l.loss"
     )
     assert "PayloadTakeExec" in physical_plan(ds, outer)
     got = ds.sql(outer)  # an outer join keeps them with null payload columns
@@ -148,7 +148,7 @@ def test_rows_of_a_registered_table_that_name_no_stored_sample_follow_sql(two_ca
             assert d is None and raw_len is None
     flipped = (
         "SELECT l.loss, p.data FROM payloads p RIGHT JOIN losses l "
-        "ON p.cache_id = l.cache_id AND p.sample_id = l.sample_id"
+        "ON p.cache_id = l.cache_id AND p.sample_id = l.sample_id ORDER BY l.loss"
     )
     assert "PayloadTakeExec" in physical_plan(ds, flipped)
     assert ds.sql(flipped)["data"].to_list() == got["data"].to_list()

@@ -57,3 +57,23 @@ def test_tags_name_snapshots_and_survive_cleanup(two_caches):
         ds.tag("../escape")
     with pytest.raises(drt.InvalidInputError, match="no snapshot 0"):
         ds.tag("gone", 0)
+
+
+def test_sql_sees_the_active_population_whenever_it_is_first_used(two_caches):
+    ds, root, _ = two_caches
+
+    def rows(d) -> int:
+        return d.sql("SELECT count(*) AS n FROM metadata")["n"][0]
+
+    meta = ds.get_metadata()
+    ds.update_metadata(meta.head(300))  # before the first query
+    assert rows(ds) == 300
+    ds.update_metadata(meta.head(200))  # after it
+    assert rows(ds) == 200
+    ds.checkout(1)
+    assert rows(ds) == 300
+    fresh = drt.open(root)
+    fresh.checkout(0)  # a checkout before the first query
+    assert rows(fresh) == 800
+    fresh.select("SELECT * FROM metadata WHERE label = 1")
+    assert rows(fresh) == 80 and len(fresh) == 80

@@ -1,7 +1,7 @@
 //! `Dataset`: the native side of `datasetrt.Dataset`.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use std::time::Duration;
 
@@ -23,8 +23,11 @@ use crate::runtime::{detach, runtime, wait};
 #[pyclass(frozen, module = "datasetrt._native", name = "Dataset")]
 pub struct PyDataset {
     inner: Arc<Dataset>,
-    query: Arc<QuerySession>,
-    /// Serialises population changes so the SQL table follows the catalog.
+    /// The SQL session, made on first use: a DataFusion context costs about
+    /// half a millisecond, which a loader-only process need not pay at open.
+    query: OnceLock<Arc<QuerySession>>,
+    /// Serialises population changes (and the session's creation) so the SQL
+    /// table follows the catalog.
     writes: Mutex<()>,
 }
 
@@ -42,6 +45,20 @@ fn collect(data: AnyRecordBatch) -> PyResult<(arrow::datatypes::SchemaRef, Vec<R
 }
 
 impl PyDataset {
+    /// The SQL session, bound to the active snapshot.
+    fn session(&self) -> PyResult<Arc<QuerySession>> {
+        if let Some(query) = self.query.get() {
+            return Ok(query.clone());
+        }
+        let _guard = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(query) = self.query.get() {
+            return Ok(query.clone());
+        }
+        let query =
+            Arc::new(QuerySession::new(&self.inner.snapshot(), self.inner.cache_set()).py()?);
+        Ok(self.query.get_or_init(|| query).clone())
+    }
+
     fn pinned(&self, snapshot: Option<u64>) -> PyResult<Arc<Snapshot>> {
         match snapshot {
             None => Ok(self.inner.snapshot()),
@@ -58,10 +75,12 @@ impl PyDataset {
     ) -> PyResult<u64> {
         let _guard = self.writes.lock().unwrap_or_else(|p| p.into_inner());
         let inner = self.inner.clone();
-        let query = self.query.clone();
+        let query = self.query.get().cloned();
         detach(py, move || {
             let snapshot = inner.update(&schema, &batches, &note)?;
-            query.set_snapshot(&snapshot)?;
+            if let Some(query) = query {
+                query.set_snapshot(&snapshot)?;
+            }
             Ok(snapshot.number())
         })?
         .py()
@@ -73,15 +92,13 @@ impl PyDataset {
     #[new]
     #[pyo3(signature = (paths, snapshot_dir=None))]
     fn new(py: Python<'_>, paths: Vec<PathBuf>, snapshot_dir: Option<PathBuf>) -> PyResult<Self> {
-        let (inner, query) = detach(py, move || -> datasetrt::Result<_> {
-            let ds = Dataset::open(&paths, OpenOptions { snapshot_dir })?;
-            let query = QuerySession::new(&ds.snapshot(), ds.cache_set())?;
-            Ok((Arc::new(ds), Arc::new(query)))
+        let inner = detach(py, move || {
+            Dataset::open(&paths, OpenOptions { snapshot_dir })
         })?
         .py()?;
         Ok(PyDataset {
-            inner,
-            query,
+            inner: Arc::new(inner),
+            query: OnceLock::new(),
             writes: Mutex::new(()),
         })
     }
@@ -254,7 +271,7 @@ impl PyDataset {
             )));
         }
         let (schema, batches) = collect(data)?;
-        self.query.register(&name, schema, batches).py()
+        self.session()?.register(&name, schema, batches).py()
     }
 
     /// The active snapshot as a table for the `datafusion` Python package.
@@ -265,7 +282,7 @@ impl PyDataset {
     }
 
     fn sql(&self, py: Python<'_>, query: String) -> PyResult<PyTable> {
-        let session = self.query.clone();
+        let session = self.session()?;
         let (schema, batches) = wait(py, async move { session.sql(&query).await })?.py()?;
         PyTable::try_new(batches, schema)
     }
@@ -273,7 +290,7 @@ impl PyDataset {
     /// Set the population to the result of `query`; returns the snapshot number.
     #[pyo3(signature = (query, note=None))]
     fn select(&self, py: Python<'_>, query: String, note: Option<String>) -> PyResult<u64> {
-        let session = self.query.clone();
+        let session = self.session()?;
         let note = note.unwrap_or_else(|| format!("select: {query}"));
         let (schema, batches) = wait(py, async move { session.sql(&query).await })?.py()?;
         self.publish(py, schema, batches, note)
@@ -300,10 +317,12 @@ impl PyDataset {
     fn checkout(&self, py: Python<'_>, number: u64) -> PyResult<u64> {
         let _guard = self.writes.lock().unwrap_or_else(|p| p.into_inner());
         let inner = self.inner.clone();
-        let query = self.query.clone();
+        let query = self.query.get().cloned();
         detach(py, move || {
             let snapshot = inner.checkout(number)?;
-            query.set_snapshot(&snapshot)?;
+            if let Some(query) = query {
+                query.set_snapshot(&snapshot)?;
+            }
             Ok(snapshot.number())
         })?
         .py()

@@ -4,6 +4,7 @@
 
 mod coop;
 pub mod payloads;
+mod tables;
 pub mod take;
 pub mod udf;
 
@@ -15,6 +16,7 @@ use datafusion::datasource::MemTable;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
+use self::tables::Tables;
 use crate::catalog::Snapshot;
 use crate::store::Cache;
 use crate::Result;
@@ -38,6 +40,9 @@ pub fn metadata_table(snapshot: &Snapshot, partitions: usize) -> Result<Arc<MemT
 /// A SQL session bound to one dataset.
 pub struct QuerySession {
     ctx: SessionContext,
+    /// The default schema, where `metadata` and registered tables are
+    /// replaced in one step (a concurrent query never finds them missing).
+    tables: Arc<Tables>,
     partitions: usize,
 }
 
@@ -58,28 +63,36 @@ impl QuerySession {
             .build();
         let ctx = SessionContext::new_with_state(state);
         ctx.register_udf(udf::drt_uniform());
-        ctx.register_table(
+        let tables = Arc::new(Tables::default());
+        let options = ctx.copied_config();
+        let defaults = &options.options().catalog;
+        ctx.catalog(&defaults.default_catalog)
+            .ok_or_else(|| crate::Error::invalid("the session has no default catalog"))?
+            .register_schema(&defaults.default_schema, tables.clone())?;
+        tables.replace(
             "payloads",
             Arc::new(payloads::PayloadsTable::new(caches, partitions)),
-        )?;
-        let session = QuerySession { ctx, partitions };
+        );
+        let session = QuerySession {
+            ctx,
+            tables,
+            partitions,
+        };
         session.set_snapshot(snapshot)?;
         Ok(session)
     }
 
     /// Point table `metadata` at `snapshot`.
     pub fn set_snapshot(&self, snapshot: &Snapshot) -> Result<()> {
-        let table = metadata_table(snapshot, self.partitions)?;
-        self.ctx.deregister_table("metadata")?;
-        self.ctx.register_table("metadata", table)?;
+        self.tables
+            .replace("metadata", metadata_table(snapshot, self.partitions)?);
         Ok(())
     }
 
     /// Register (or replace) an in-memory table, e.g. model losses to join.
     pub fn register(&self, name: &str, schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<()> {
         let table = MemTable::try_new(schema, vec![batches])?;
-        self.ctx.deregister_table(name)?;
-        self.ctx.register_table(name, Arc::new(table))?;
+        self.tables.replace(name, Arc::new(table));
         Ok(())
     }
 

@@ -1,0 +1,83 @@
+//! The session's schema of tables, where a table is replaced in one step.
+//!
+//! DataFusion's own schema refuses to register a name twice, so replacing
+//! `metadata` after an update meant deregister + register: a query planned
+//! from another thread in between failed with "table not found". Here a
+//! replacement swaps the map entry under a lock; a query keeps the table it
+//! looked up, so it plans and scans one snapshot from start to end.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use async_trait::async_trait;
+use datafusion::catalog::{SchemaProvider, TableProvider};
+use datafusion::error::{DataFusionError, Result as DfResult};
+
+#[derive(Debug, Default)]
+pub struct Tables {
+    tables: RwLock<HashMap<String, Arc<dyn TableProvider>>>,
+}
+
+impl Tables {
+    /// Put `table` under `name`, replacing any table of that name at once;
+    /// returns the one replaced.
+    pub fn replace(
+        &self,
+        name: &str,
+        table: Arc<dyn TableProvider>,
+    ) -> Option<Arc<dyn TableProvider>> {
+        self.tables
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string(), table)
+    }
+
+    fn get(&self, name: &str) -> Option<Arc<dyn TableProvider>> {
+        self.tables
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+    }
+}
+
+#[async_trait]
+impl SchemaProvider for Tables {
+    fn table_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .tables
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        names.sort();
+        names
+    }
+
+    async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>, DataFusionError> {
+        Ok(self.get(name))
+    }
+
+    /// SQL's `CREATE TABLE` (DataFusion checks `table_exist` first, so an
+    /// existing name still needs `OR REPLACE`).
+    fn register_table(
+        &self,
+        name: String,
+        table: Arc<dyn TableProvider>,
+    ) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        Ok(self.replace(&name, table))
+    }
+
+    fn deregister_table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        Ok(self
+            .tables
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name))
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+}

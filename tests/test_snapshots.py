@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import polars as pl
 import pytest
 
@@ -77,3 +80,40 @@ def test_sql_sees_the_active_population_whenever_it_is_first_used(two_caches):
     assert rows(fresh) == 800
     fresh.select("SELECT * FROM metadata WHERE label = 1")
     assert rows(fresh) == 80 and len(fresh) == 80
+
+
+CONCURRENT_WRITERS = """
+import sys, threading
+import datasetrt as drt
+ds = drt.open(sys.argv[1])
+meta = ds.get_metadata()
+errors = []
+def work(k):
+    try:
+        for i in range(10):
+            ds.update_metadata(meta.head(100 + 10 * k + i))
+            ds.sql("SELECT count(*) FROM metadata")
+            ds.checkout(ds.version)
+    except Exception as e:
+        errors.append(repr(e))
+threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(ds.version, len(ds.history()))
+sys.exit("; ".join(errors) or None)
+"""
+
+
+def test_threads_that_update_one_dataset_at_once_all_land(two_caches):
+    _, root, _ = two_caches
+    # in a child process, so a deadlock fails the test instead of hanging it
+    done = subprocess.run(
+        [sys.executable, "-c", CONCURRENT_WRITERS, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["30", "31"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -174,3 +176,31 @@ def test_the_dataset_pickles_into_workers_at_its_snapshot(two_caches):
     ds.update_metadata(ds.get_metadata().head(10))
     clone = pickle.loads(pickle.dumps(ds))
     assert len(clone) == 10
+
+
+WATCHED_LOADER = """
+import sys, threading
+import datasetrt as drt
+ds = drt.open(sys.argv[1])
+loader = ds.loader(8, seed=3, sampling="permutation")
+seen = []
+reader = threading.Thread(target=lambda: seen.extend(len(b) for b in loader))
+reader.start()
+while reader.is_alive():
+    assert "PayloadTakeExec" in loader.metrics()  # from the training loop, say
+reader.join()
+print(sum(seen))
+"""
+
+
+def test_metrics_from_one_thread_while_another_iterates(two_caches):
+    _, root, _ = two_caches
+    # in a child process, so a deadlock fails the test instead of hanging it
+    done = subprocess.run(
+        [sys.executable, "-c", WATCHED_LOADER, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["800"]

@@ -458,10 +458,13 @@ impl PyLoader {
 
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<NativeBatch<'py>>> {
         let rt = runtime()?;
-        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let loader: &mut Loader = &mut guard;
         let next = loop {
+            // The loader is locked only without the GIL and released before
+            // the GIL is taken back, so another thread calling `metrics()`
+            // (with the GIL) waits at most one slice instead of deadlocking.
             let polled = py.detach(|| {
+                let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                let loader: &mut Loader = &mut guard;
                 rt.block_on(async {
                     tokio::time::timeout(Duration::from_millis(50), loader.next()).await
                 })

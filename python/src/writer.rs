@@ -73,11 +73,18 @@ impl PyCacheWriter {
             data.extend_from_slice(bytes.as_bytes());
             ends.push(data.len());
         }
-        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let writer = guard
-            .as_mut()
-            .ok_or_else(|| invalid("this cache writer is already finished or aborted"))?;
-        detach(py, || writer.add_chunk(data, ends))?.py()
+        // Locked without the GIL: add_chunk can wait for the compressors, and
+        // a thread waiting for the lock must not hold the GIL meanwhile.
+        detach(py, || {
+            let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            match guard.as_mut() {
+                Some(writer) => writer.add_chunk(data, ends),
+                None => Err(datasetrt::Error::InvalidInput(
+                    "this cache writer is already finished or aborted".into(),
+                )),
+            }
+        })?
+        .py()
     }
 
     /// Publish the cache with `attributes` (one row per record). Returns a dict

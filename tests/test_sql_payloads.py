@@ -70,6 +70,7 @@ def test_index_only_columns_read_no_payload_bytes(two_caches):
     assert "payload_bytes=0" in text and "output_rows=800" in text
     table = ds.sql("SELECT cache_id, sample_id, raw_len, stored_len, codec FROM payloads")
     assert table.height == 800
+    assert ds.sql("SELECT count(*) AS n FROM payloads")["n"][0] == 800  # no column at all
     for cid, sid, raw_len, stored_len, codec in table.iter_rows():
         assert raw_len == len(src[cid].payload(sid))
         assert codec in ("none", "zstd") and (stored_len == raw_len) == (codec == "none")

@@ -10,7 +10,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, RecordBatch};
+use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow::datatypes::{Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::catalog::{Session, TableProvider};
@@ -233,7 +233,13 @@ impl ExecutionPlan for PayloadScanExec {
                     bytes.add(super::take::binary_view_bytes(a.as_ref()));
                 }
             }
-            Ok(RecordBatch::try_new(out_schema.clone(), arrays)?)
+            // `count(*)` projects no column: the batch still has n rows
+            let options = RecordBatchOptions::new().with_row_count(Some(n as usize));
+            Ok(RecordBatch::try_new_with_options(
+                out_schema.clone(),
+                arrays,
+                &options,
+            )?)
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }

@@ -129,6 +129,27 @@ def test_bad_sql_is_a_query_error(ds):
     assert ds.version == version
 
 
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "DROP TABLE metadata",
+        "DROP TABLE payloads",
+        "CREATE OR REPLACE TABLE metadata AS SELECT * FROM metadata WHERE label = 1",
+    ],
+)
+def test_sql_cannot_drop_or_replace_the_population_or_the_payloads(ds, statement):
+    with pytest.raises(drt.QueryError, match=r"table (metadata|payloads) is"):
+        ds.sql(statement)
+    assert ds.sql("SELECT count(*) AS n FROM metadata")["n"][0] == 800
+    assert ds.sql("SELECT count(*) AS n FROM payloads")["n"][0] == 800
+    # other tables come and go as SQL says
+    ds.sql("CREATE TABLE val AS SELECT * FROM metadata WHERE split = 'val'")
+    assert ds.sql("SELECT count(*) AS n FROM val")["n"][0] == 160
+    ds.sql("DROP TABLE val")
+    with pytest.raises(drt.QueryError, match="val"):
+        ds.sql("SELECT * FROM val")
+
+
 def test_ctrl_c_stops_a_long_query_and_the_dataset_stays_usable(ds):
     # 800^4 = 4e11 joined rows: minutes of work on every core unless cancelled
     endless = (

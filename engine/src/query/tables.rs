@@ -41,6 +41,22 @@ impl Tables {
     }
 }
 
+/// `metadata` follows the dataset's active snapshot and `payloads` its
+/// caches: SQL may read them, not drop or replace them.
+fn refuse_reserved(name: &str) -> DfResult<()> {
+    match name {
+        "metadata" => Err(DataFusionError::Plan(
+            "table metadata is the active population; change it with select(), \
+             apply_sql() or update_metadata(), not CREATE or DROP"
+                .into(),
+        )),
+        "payloads" => Err(DataFusionError::Plan(
+            "table payloads is the stored samples; it cannot be created or dropped".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
 #[async_trait]
 impl SchemaProvider for Tables {
     fn table_names(&self) -> Vec<String> {
@@ -66,10 +82,13 @@ impl SchemaProvider for Tables {
         name: String,
         table: Arc<dyn TableProvider>,
     ) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        refuse_reserved(&name)?;
         Ok(self.replace(&name, table))
     }
 
+    /// SQL's `DROP TABLE`.
     fn deregister_table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        refuse_reserved(name)?;
         Ok(self
             .tables
             .write()

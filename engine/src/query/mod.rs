@@ -14,6 +14,7 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::datasource::MemTable;
 use datafusion::execution::SessionStateBuilder;
+use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use self::tables::Tables;
@@ -102,7 +103,21 @@ impl QuerySession {
 
     /// Run one SQL statement and collect its result.
     pub async fn sql(&self, query: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-        let df = self.ctx.sql(query).await?;
+        let plan = self.ctx.state().create_logical_plan(query).await?;
+        // DataFusion turns a refused DROP into "doesn't exist": say why here
+        if let LogicalPlan::Ddl(ddl) = &plan {
+            let name = match ddl {
+                DdlStatement::DropTable(d) => Some(&d.name),
+                DdlStatement::DropView(d) => Some(&d.name),
+                DdlStatement::CreateMemoryTable(c) => Some(&c.name),
+                DdlStatement::CreateView(c) => Some(&c.name),
+                _ => None,
+            };
+            if let Some(name) = name {
+                tables::refuse_reserved(name.table())?;
+            }
+        }
+        let df = self.ctx.execute_logical_plan(plan).await?;
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
         let batches = df.collect().await?;
         Ok((schema, batches))

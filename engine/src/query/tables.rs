@@ -43,7 +43,7 @@ impl Tables {
 
 /// `metadata` follows the dataset's active snapshot and `payloads` its
 /// caches: SQL may read them, not drop or replace them.
-fn refuse_reserved(name: &str) -> DfResult<()> {
+pub(crate) fn refuse_reserved(name: &str) -> DfResult<()> {
     match name {
         "metadata" => Err(DataFusionError::Plan(
             "table metadata is the active population; change it with select(), \

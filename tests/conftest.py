@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,20 @@ def payload_digest(root: Path) -> dict[str, str]:
         if p.is_file() and "_snapshots" not in p.parts:
             out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
+
+
+def run_child(script: str, *args: object) -> str:
+    """Run `script` in a fresh interpreter and return its stdout. Tests of
+    threads sharing one object run there, so a deadlock fails the test (after
+    a timeout) instead of hanging the suite."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 @pytest.fixture

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import polars as pl
 import pytest
 
 import datasetrt as drt
-from conftest import Source
+from conftest import Source, run_child
 
 
 def identities(batches) -> list[tuple[int, int]]:
@@ -195,12 +193,4 @@ print(sum(seen))
 
 def test_metrics_from_one_thread_while_another_iterates(two_caches):
     _, root, _ = two_caches
-    # in a child process, so a deadlock fails the test instead of hanging it
-    done = subprocess.run(
-        [sys.executable, "-c", WATCHED_LOADER, str(root)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["800"]
+    assert run_child(WATCHED_LOADER, root).split() == ["800"]

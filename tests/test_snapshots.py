@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import polars as pl
 import pytest
 
 import datasetrt as drt
+from conftest import run_child
 
 
 def test_diff_reports_added_removed_and_reweighted_samples(two_caches):
@@ -108,12 +106,4 @@ sys.exit("; ".join(errors) or None)
 
 def test_threads_that_update_one_dataset_at_once_all_land(two_caches):
     _, root, _ = two_caches
-    # in a child process, so a deadlock fails the test instead of hanging it
-    done = subprocess.run(
-        [sys.executable, "-c", CONCURRENT_WRITERS, str(root)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["30", "31"]
+    assert run_child(CONCURRENT_WRITERS, root).split() == ["30", "31"]

@@ -6,9 +6,13 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/datasetrt-target
 VENV ?= $(HOME)/.cache/datasetrt-venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.datasetrt-deps
-PY_DEPS := "maturin>=1.7,<2" "polars>=1.20" numpy scikit-learn tqdm "pytest>=8" ruff torch pyarrow duckdb "datafusion>=55,<56"
+PY_DEPS := "maturin>=1.7,<2" "polars>=1.20" numpy scikit-learn tqdm "pytest>=8" pytest-timeout hypothesis ruff torch pyarrow duckdb "datafusion>=55,<56"
+# The installed-product check: a second virtualenv that holds only the built
+# wheel and what the quickstart needs, used from a directory outside the clone.
+WHEEL_VENV ?= $(HOME)/.cache/datasetrt-wheel-venv
+WHEEL_DIR ?= $(HOME)/.cache/datasetrt-wheels
 
-.PHONY: venv develop release demo test lint rust-test py-test bench
+.PHONY: venv develop release demo test lint rust-test py-test installed-test sdist-test bench
 
 $(STAMP): Makefile
 	python3 -m venv $(VENV)
@@ -41,7 +45,24 @@ rust-test:
 py-test: develop
 	$(PY) -m pytest
 
-test: lint rust-test py-test
+# Build a wheel (dev profile: it reuses the build the tests made), install it
+# into its own virtualenv and run tests/installed/check_installed.py from a
+# temporary directory: recipes, stubs and the quickstart as users get them.
+installed-test: develop
+	rm -rf $(WHEEL_DIR)
+	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin build --quiet --interpreter $(PY) -o $(WHEEL_DIR)
+	test -d $(WHEEL_VENV) || (python3 -m venv $(WHEEL_VENV) && $(WHEEL_VENV)/bin/pip install --quiet numpy scikit-learn)
+	$(WHEEL_VENV)/bin/pip install --quiet --force-reinstall $(WHEEL_DIR)/datasetrt-*.whl
+	tmp=$$(mktemp -d) && cd $$tmp && $(WHEEL_VENV)/bin/python $(CURDIR)/tests/installed/check_installed.py $(CURDIR) && rm -rf $$tmp
+
+# The source distribution builds and installs too (slow: a release build from scratch).
+sdist-test: $(STAMP)
+	rm -rf $(WHEEL_DIR)/sdist && VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin sdist --quiet -o $(WHEEL_DIR)/sdist
+	rm -rf $(WHEEL_VENV)-sdist && python3 -m venv $(WHEEL_VENV)-sdist
+	$(WHEEL_VENV)-sdist/bin/pip install --quiet numpy scikit-learn $(WHEEL_DIR)/sdist/datasetrt-*.tar.gz
+	tmp=$$(mktemp -d) && cd $$tmp && $(WHEEL_VENV)-sdist/bin/python $(CURDIR)/tests/installed/check_installed.py $(CURDIR) && rm -rf $$tmp
+
+test: lint rust-test py-test installed-test
 
 bench: release
 	$(PY) tests/bench/bench_seed.py

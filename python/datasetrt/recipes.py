@@ -14,11 +14,17 @@ _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 _NAME = re.compile(r"^[A-Za-z0-9_]+$")
 
 
+#: The shipped recipes: package data ``datasetrt/sql/``, their one copy. The
+#: project's top-level ``sql/`` is a link to this folder, because maturin
+#: packs the files of the package folder but does not follow links into it.
+SHIPPED = Path(__file__).parent / "sql"
+
+
 def search_path() -> list[Path]:
     """Folders searched for recipe names: ``$DATASETRT_SQL_PATH``, then the
-    project's ``sql/`` folder (next to the package in a source checkout)."""
+    recipes shipped inside the package."""
     dirs = [Path(p) for p in os.environ.get("DATASETRT_SQL_PATH", "").split(os.pathsep) if p]
-    dirs.append(Path(__file__).resolve().parents[2] / "sql")
+    dirs.append(SHIPPED)
     return dirs
 
 

@@ -38,6 +38,47 @@ pub fn metadata_table(snapshot: &Snapshot, partitions: usize) -> Result<Arc<MemT
     Ok(Arc::new(MemTable::try_new(snapshot.schema(), parts)?))
 }
 
+/// Refuse, before anything runs, every statement that could read or write a
+/// file or change a table behind the catalog's back: `COPY`, `CREATE
+/// EXTERNAL TABLE`, DML (`INSERT`/`UPDATE`/`DELETE`), `SET` and other
+/// session statements, catalogs, functions, indexes. Session-only tables and
+/// views (`CREATE TABLE x AS SELECT`, `CREATE VIEW`, `DROP`) stay: they hold
+/// query results in memory. `EXPLAIN ANALYZE` of a refused statement is
+/// refused too (the whole plan is checked, subqueries included). Files
+/// enter only through `register`.
+pub fn read_only(plan: &LogicalPlan) -> Result<()> {
+    use datafusion::common::tree_node::TreeNodeRecursion;
+    plan.apply_with_subqueries(|node| {
+        let refused = match node {
+            LogicalPlan::Copy(_) => {
+                Some("COPY (write results out from Python, e.g. polars' write_parquet)")
+            }
+            LogicalPlan::Dml(_) => Some(
+                "INSERT, UPDATE and DELETE (change the population with update_metadata or select)",
+            ),
+            LogicalPlan::Statement(_) => Some("SET, transactions and prepared statements"),
+            LogicalPlan::Ddl(ddl) => match ddl {
+                DdlStatement::CreateMemoryTable(_)
+                | DdlStatement::CreateView(_)
+                | DdlStatement::DropTable(_)
+                | DdlStatement::DropView(_) => None,
+                DdlStatement::CreateExternalTable(_) => {
+                    Some("CREATE EXTERNAL TABLE (files enter through register())")
+                }
+                _ => Some("catalogs, schemas, functions and indexes"),
+            },
+            _ => None,
+        };
+        match refused {
+            Some(what) => Err(datafusion::error::DataFusionError::Plan(format!(
+                "SQL here is read-only: {what} is refused (nothing was run)"
+            ))),
+            None => Ok(TreeNodeRecursion::Continue),
+        }
+    })?;
+    Ok(())
+}
+
 /// A SQL session bound to one dataset.
 pub struct QuerySession {
     ctx: SessionContext,
@@ -101,9 +142,11 @@ impl QuerySession {
         &self.ctx
     }
 
-    /// Run one SQL statement and collect its result.
+    /// Run one SQL statement and collect its result. Statements read the
+    /// dataset and what was registered, nothing else: see [`read_only`].
     pub async fn sql(&self, query: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
         let plan = self.ctx.state().create_logical_plan(query).await?;
+        read_only(&plan)?;
         // DataFusion turns a refused DROP into "doesn't exist": say why here
         if let LogicalPlan::Ddl(ddl) = &plan {
             let name = match ddl {

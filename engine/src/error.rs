@@ -40,6 +40,16 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// An update was derived from snapshot `base`, but another writer moved
+    /// the head to `head` meanwhile. Nothing was changed.
+    #[error(
+        "conflict: this update was derived from snapshot {base}, but snapshot {head} is the \
+         population now (another writer committed it in {}); call refresh(), redo the change \
+         on the new population and update again, or pass force=True to replace it",
+        dir.display()
+    )]
+    Conflict { dir: PathBuf, base: u64, head: u64 },
+
     /// An Arrow error that is not one of ours.
     #[error("arrow: {0}")]
     Arrow(ArrowError),

@@ -30,6 +30,7 @@ from ._native import __version__
 from .dataset import Batch, Dataset, Loader, PathLike, Sample
 from .exceptions import (
     CacheNotFoundError,
+    ConflictError,
     CorruptCacheError,
     DatasetRTError,
     InvalidInputError,
@@ -42,6 +43,7 @@ __all__ = [
     "Batch",
     "CacheInput",
     "CacheNotFoundError",
+    "ConflictError",
     "CorruptCacheError",
     "Dataset",
     "DatasetRTError",
@@ -103,7 +105,8 @@ def open(paths: PathLike | Sequence[PathLike], *, snapshot_dir: PathLike | None 
     """Open a dataset: a root holding caches, one cache directory, or a list of either.
 
     The order of the paths does not matter: ``cache_id`` values are stored
-    in the caches. The newest metadata snapshot becomes the active population.
+    in the caches. The snapshot the dataset's head record names becomes the
+    active population.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]

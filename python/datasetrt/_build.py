@@ -13,9 +13,10 @@ from typing import Any, NamedTuple
 import polars as pl
 
 from . import _native
+from .dataset import arrow_stream
 from .exceptions import InvalidInputError
 
-RESERVED = ("cache_id", "sample_id", "weight")
+RESERVED = tuple(_native.RESERVED_COLUMNS)
 CHUNK_RECORDS = 4096
 CHUNK_BYTES = 16 << 20
 
@@ -199,6 +200,10 @@ def write_source(
                             f"source {name!r}: metadata key {k!r} is reserved (cache_id, "
                             f"sample_id and weight are set by DatasetRT)"
                         )
+                    try:
+                        _native.check_column_name(k)
+                    except InvalidInputError as exc:
+                        raise InvalidInputError(f"source {name!r}: metadata key: {exc}") from None
                 keyset = meta.keys()
                 columns = {k: [] for k in keys}
             elif meta.keys() != keyset:
@@ -217,7 +222,10 @@ def write_source(
         if n == 0:
             raise InvalidInputError(f"source {name!r} yielded no samples")
         # With no metadata keys the frame has no columns; the engine takes that as "none".
-        return writer.finish(pl.DataFrame([_column(name, k, v) for k, v in columns.items()]))
+        attributes, nulls = arrow_stream(
+            pl.DataFrame([_column(name, k, v) for k, v in columns.items()]), "build()"
+        )
+        return writer.finish(attributes, nulls=nulls)
     except BaseException:
         writer.abort()
         raise
@@ -229,6 +237,7 @@ def check_names(sources: Sequence[Any]) -> list[str]:
     names = [source_name(s) for s in sources]
     seen: set[str] = set()
     for name in names:
+        _native.check_source_name(name)
         if name in seen:
             raise InvalidInputError(
                 f"two sources are named {name!r}; each source needs its own name"

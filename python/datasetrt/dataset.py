@@ -17,6 +17,10 @@ PathLike = str | os.PathLike[str]
 
 _U64 = 1 << 64
 
+#: The most draws :meth:`Dataset.draws` returns at once (4 bytes each: 8 GiB);
+#: read longer sequences in parts with ``start``, or through a loader.
+MAX_DRAWS = 1 << 31
+
 
 class Sample:
     """One sample: its payload ``data`` (bytes), identity and metadata.
@@ -55,16 +59,33 @@ class Sample:
         )
 
 
-def arrow_stream(data: Any, what: str) -> Any:
-    """``data`` as an object with ``__arrow_c_stream__`` (a LazyFrame is collected)."""
+def arrow_stream(data: Any, what: str) -> tuple[Any, list[str]]:
+    """``data`` as an object with ``__arrow_c_stream__`` (a LazyFrame is
+    collected), and the names of its all-null (``Null``) columns.
+
+    Polars exports a ``Null`` column in a form the Arrow C data interface
+    does not allow, so such columns travel as all-null Booleans and the
+    native side restores them (see ``python/src/arrow_in.rs``).
+    """
     if isinstance(data, pl.LazyFrame):
         data = data.collect()
+    nulls: list[str] = []
+    if isinstance(data, pl.DataFrame):
+        objects = [n for n, t in data.schema.items() if t == pl.Object]
+        if objects:
+            raise InvalidInputError(
+                f"{what}: column {objects[0]!r} holds Python objects (polars Object), which "
+                f"cannot be stored; convert it to a number, string or bytes column first"
+            )
+        nulls = [n for n, t in data.schema.items() if t == pl.Null]
+        if nulls:
+            data = data.with_columns(pl.col(nulls).cast(pl.Boolean))
     if not hasattr(data, "__arrow_c_stream__"):
         raise InvalidInputError(
             f"{what} takes a polars DataFrame or LazyFrame or an object with "
             f"__arrow_c_stream__, not {type(data).__name__}"
         )
-    return data
+    return data, nulls
 
 
 def _check_seed(seed: object) -> int:
@@ -98,13 +119,26 @@ class Dataset:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["paths"], state["snapshot_dir"])  # type: ignore[misc]
         if self.version != state["snapshot"]:
-            self._native.checkout(state["snapshot"])
+            self._native.pin(state["snapshot"])  # this process only: the head stays
 
     # -- the population --------------------------------------------------------
     @property
     def version(self) -> int:
         """Number of the active metadata snapshot."""
         return self._native.snapshot
+
+    @property
+    def head(self) -> int:
+        """The snapshot the dataset's head record names now.
+
+        It differs from :attr:`version` when another process (or another
+        ``Dataset`` object) committed since this one was opened or refreshed.
+        """
+        return self._native.head()
+
+    def refresh(self) -> int:
+        """Make the head's snapshot the active population here; returns its number."""
+        return self._native.refresh()
 
     @property
     def fingerprint(self) -> str:
@@ -117,8 +151,9 @@ class Dataset:
         return Path(self._native.snapshot_path)
 
     def history(self) -> pl.DataFrame:
-        """Every snapshot on disk: version, created_unix_ms, rows, fingerprint, note."""
-        return pl.DataFrame(self._native.history())
+        """Every snapshot on disk: version, created_unix_ms, rows, fingerprint,
+        note, and parent (the head it was committed on; null for the first)."""
+        return pl.DataFrame(self._native.history(), schema_overrides={"parent": pl.Int64})
 
     @property
     def caches(self) -> list[dict[str, Any]]:
@@ -144,7 +179,7 @@ class Dataset:
             self._frame = (version, pl.DataFrame(self._native.metadata()))
         return self._frame[1]
 
-    def update_metadata(self, data: Any) -> int:
+    def update_metadata(self, data: Any, *, base: int | None = None, force: bool = False) -> int:
         """Make ``data`` the population and return the new snapshot number.
 
         ``data`` is a polars DataFrame or LazyFrame, or any object with
@@ -153,8 +188,18 @@ class Dataset:
         repeat (duplicates are drawn more often). ``weight`` defaults to 1.0 and
         must be finite and non-negative with a positive sum. Other columns are
         kept as given. A rejected update raises and changes nothing.
+
+        The update is taken as derived from ``base`` (default: the active
+        snapshot, which :meth:`get_metadata` and :meth:`sql` read). If another
+        writer moved the head since, it raises :class:`ConflictError` naming
+        both snapshots instead of silently dropping that writer's change:
+        :meth:`refresh`, redo the change and update again, or pass
+        ``force=True`` to replace the head's population anyway.
         """
-        return self._native.update(arrow_stream(data, "update_metadata()"))
+        if base is not None:
+            base = check_version(base, "base")
+        stream, nulls = arrow_stream(data, "update_metadata()")
+        return self._native.update(stream, base=base, force=bool(force), nulls=nulls)
 
     def register(self, name: str, data: Any) -> None:
         """Make ``data`` a SQL table called ``name`` (next to ``metadata`` and ``payloads``).
@@ -176,7 +221,8 @@ class Dataset:
             if path.suffix.lower() not in readers:
                 raise InvalidInputError(f"{path}: register() reads .parquet and .csv files")
             data = readers[path.suffix.lower()](path)
-        self._native.register(name, arrow_stream(data, "register()"))
+        stream, nulls = arrow_stream(data, "register()")
+        self._native.register(name, stream, nulls=nulls)
 
     def datafusion_table(self) -> Any:
         """The active population for the ``datafusion`` Python package (zero-copy, FFI)::
@@ -190,9 +236,15 @@ class Dataset:
         """Run SQL over table ``metadata`` (the active population); returns polars."""
         return pl.DataFrame(self._native.sql(query))
 
-    def select(self, query: str) -> int:
-        """Make the result of ``query`` the population; returns the snapshot number."""
-        return self._native.select(query)
+    def select(self, query: str, *, force: bool = False) -> int:
+        """Make the result of ``query`` the population; returns the snapshot number.
+
+        The query runs on the active snapshot. If another writer moved the
+        head meanwhile, it runs again on the new head (up to three times)
+        before :class:`ConflictError` is raised; ``force=True`` commits the
+        first result whatever the head.
+        """
+        return self._native.select(query, force=bool(force))
 
     def apply_sql(self, recipe: str | os.PathLike[str], **params: Any) -> int:
         """Run a SQL recipe (a name from ``sql/`` or a ``.sql`` path) with
@@ -204,32 +256,38 @@ class Dataset:
 
         label, text = recipes.load(recipe)
         query = recipes.render(text, params)
-        return self._native.select(query, note=f"apply_sql {label} {params}")
+        return self._native.select(query, note=f"apply_sql {label} {params}", force=False)
 
     def checkout(self, version: int | str) -> int:
-        """Make an earlier snapshot (a number or a tag) the active population again."""
+        """Make an earlier snapshot (a number or a tag) the population again.
+
+        The head moves to it, so every process that opens or refreshes the
+        dataset sees it (a rollback: no snapshot is deleted, and the next
+        update is committed on top of it).
+        """
         if isinstance(version, str):
             tags = self._native.tags()
             if version not in tags:
                 raise InvalidInputError(f"no tag {version!r}; tags: {sorted(tags)}")
             version = tags[version]
-        return self._native.checkout(version)
+        return self._native.checkout(check_version(version))
 
     def tag(self, name: str, version: int | None = None) -> None:
         """Name a snapshot (default: the active one); tagged snapshots survive cleanup."""
-        self._native.tag(name, version)
+        if not isinstance(name, str):
+            raise InvalidInputError(f"a tag is a str, not {type(name).__name__}")
+        self._native.tag(name, None if version is None else check_version(version))
 
     def tags(self) -> dict[str, int]:
         """Every tag and the snapshot number it names."""
         return dict(self._native.tags())
 
     def cleanup(self, keep: int = 10) -> list[int]:
-        """Delete snapshots except the newest ``keep``, the tagged ones and the
-        active one, and the column files no remaining snapshot uses. Returns the
-        deleted snapshot numbers. Run it while no other process updates this
-        dataset's population."""
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
-            raise InvalidInputError(f"keep must be a non-negative int, got {keep!r}")
+        """Delete snapshots except the newest ``keep``, the tagged ones, the
+        head and the active one, and the column files no remaining snapshot
+        uses. Returns the deleted snapshot numbers. Commits of other processes
+        wait while it runs (they share the dataset's commit lock)."""
+        keep = check_int(keep, "keep", 0, 1 << 32)
         self._frame = None
         return self._native.cleanup(keep)
 
@@ -243,6 +301,7 @@ class Dataset:
         """
         tags = self._native.tags()
         a, b = (tags.get(v, v) if isinstance(v, str) else v for v in (a, b))
+        a, b = check_version(a, "a"), check_version(b, "b")
 
         def per_sample(version: int) -> pl.DataFrame:
             frame = pl.DataFrame(self._native.metadata(version))
@@ -273,9 +332,46 @@ class Dataset:
             .select("cache_id", "sample_id", "rows_a", "rows_b", "weight_a", "weight_b", "change")
         )
 
+    def verify(self, *, progress: bool = False) -> pl.DataFrame:
+        """Check every stored file and record; return every problem found.
+
+        Reads every record of every cache (checksums verified), the head,
+        the tags, and every snapshot with every column file it names. One row
+        per problem: ``kind`` (the exception class it would raise), ``path``
+        and ``message``; an empty frame means everything is intact. Unlike a
+        read, it does not stop at the first problem.
+        """
+        bar = None
+        if progress:
+            try:
+                from tqdm.auto import tqdm
+
+                bar = tqdm(desc="verifying", unit=" items")
+            except ImportError:
+                bar = None
+
+        def report(done: int, total: int) -> None:
+            if bar is not None:
+                bar.total = total
+                bar.n = done
+                bar.refresh()
+
+        try:
+            problems = self._native.verify(report if bar is not None else None)
+        finally:
+            if bar is not None:
+                bar.close()
+        schema = {"kind": pl.String, "path": pl.String, "message": pl.String}
+        rows = [
+            {**p, "path": None if p["path"] is None else os.fspath(p["path"])} for p in problems
+        ]
+        return pl.DataFrame(rows, schema=schema)
+
     # -- reading -----------------------------------------------------------------
     def get_item(self, cache_id: int, sample_id: int) -> Sample:
         """Read one stored sample (checksum verified)."""
+        cache_id = check_int(cache_id, "cache_id", -(1 << 63), (1 << 63) - 1)
+        sample_id = check_int(sample_id, "sample_id", -(1 << 63), (1 << 63) - 1)
         data, row = self._native.get(cache_id, sample_id)
         return Sample(data, cache_id, sample_id, row, self.get_metadata())
 
@@ -376,10 +472,17 @@ class Dataset:
         The global sequence the loaders deliver, without reading a payload:
         ``ds.get_metadata()[ds.draws(7)]`` is the epoch's population in draw order.
         """
+        if epoch_len is not None:
+            epoch_len = check_int(epoch_len, "epoch_len", 1)
         if count is None:  # one epoch
             count = self._native.draw_counts(None, sampling, epoch_len, 1, 1, False)[0]
         table = self._native.draw_rows(
-            _check_seed(seed), check_epoch(epoch), start, count, sampling, epoch_len
+            _check_seed(seed),
+            check_epoch(epoch),
+            check_int(start, "start", 0, _U64 - 1 - MAX_DRAWS),
+            check_int(count, "count", 0, MAX_DRAWS),
+            sampling,
+            epoch_len,
         )
         return pl.DataFrame(table)["row"]
 
@@ -390,10 +493,22 @@ class Dataset:
         return TorchDataset(self, batch_size=batch_size, seed=seed, epoch=epoch, **options)
 
 
+def check_int(value: object, name: str, low: int = 0, high: int = _U64 - 1) -> int:
+    """``value`` as an int in ``[low, high]``, else :class:`InvalidInputError`
+    (never a TypeError or OverflowError from the native layer)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInputError(f"{name} must be an int, got {value!r}")
+    if not low <= value <= high:
+        raise InvalidInputError(f"{name} must be in [{low}, {high}], got {value}")
+    return value
+
+
 def check_epoch(epoch: object) -> int:
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise InvalidInputError(f"epoch must be a non-negative int, got {epoch!r}")
-    return epoch
+    return check_int(epoch, "epoch")
+
+
+def check_version(version: object, name: str = "snapshot") -> int:
+    return check_int(version, name, 0, (1 << 63) - 1)
 
 
 class Batch:
@@ -461,9 +576,8 @@ def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int,
         found = found or (0, 1)
         rank = found[0] if rank is None else rank
         world_size = found[1] if world_size is None else world_size
-    for name, value in (("rank", rank), ("world_size", world_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InvalidInputError(f"{name} must be a non-negative int, got {value!r}")
+    check_int(rank, "rank", 0, (1 << 32) - 1)
+    check_int(world_size, "world_size", 0, (1 << 32) - 1)
     if not 0 <= rank < world_size:
         raise InvalidInputError(f"rank {rank} is not in 0..world_size ({world_size})")
     return rank, world_size
@@ -549,10 +663,13 @@ class Loader:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidInputError(f"{name} must be a positive int, got {value!r}")
-        if threads is not None and (not isinstance(threads, int) or threads < 1):
-            raise InvalidInputError(f"threads must be a positive int or None, got {threads!r}")
-        if epoch_len is not None and (not isinstance(epoch_len, int) or epoch_len < 1):
-            raise InvalidInputError(f"epoch_len must be a positive int or None, got {epoch_len!r}")
+        check_int(batch_size, "batch_size", 1, MAX_DRAWS)
+        check_int(prefetch_bytes, "prefetch_bytes", 1, (1 << 63) - 1)
+        check_int(prefetch_batches, "prefetch_batches", 1, 1 << 20)
+        if threads is not None:
+            check_int(threads, "threads", 1, 1024)
+        if epoch_len is not None:
+            check_int(epoch_len, "epoch_len", 1)
         start_block = 0
         if resume is not None:
             state = check_state(dataset, resume, batch_size)

@@ -9,15 +9,18 @@ Python user would catch for that situation::
     ├── CorruptCacheError                           stored bytes fail their checks
     ├── UnsupportedFormatError                      written by another format version
     ├── StorageError           (also OSError)       the operating system refused
+    ├── ConflictError                               another writer moved the population
     └── QueryError             (also ValueError)    SQL that cannot be planned or run
 
-A rejected operation changes nothing.
+A rejected operation changes nothing. Errors about a file carry it as
+``path``; a :class:`ConflictError` carries ``base`` and ``head``.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "CacheNotFoundError",
+    "ConflictError",
     "CorruptCacheError",
     "DatasetRTError",
     "InvalidInputError",
@@ -52,6 +55,13 @@ class UnsupportedFormatError(DatasetRTError):
 
 class StorageError(DatasetRTError, OSError):
     """The operating system refused a read or write."""
+
+
+class ConflictError(DatasetRTError):
+    """An update was derived from snapshot ``base``, but another writer made
+    snapshot ``head`` the population meanwhile. Nothing was changed:
+    ``refresh()``, redo the change on the new population and update again, or
+    pass ``force=True`` to replace it anyway."""
 
 
 class QueryError(DatasetRTError, ValueError):

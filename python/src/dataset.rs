@@ -17,8 +17,12 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use pyo3_arrow::input::AnyRecordBatch;
 use pyo3_arrow::PyTable;
 
+use crate::arrow_in::collect;
 use crate::error::{invalid, IntoPyResult};
 use crate::runtime::{detach, runtime, wait};
+
+/// How often `select` runs its query again on a head another writer moved.
+const SELECT_RETRIES: usize = 3;
 
 #[pyclass(frozen, module = "datasetrt._native", name = "Dataset")]
 pub struct PyDataset {
@@ -33,15 +37,6 @@ pub struct PyDataset {
 
 fn table(snapshot: &Snapshot) -> PyResult<PyTable> {
     PyTable::try_new(vec![snapshot.batch().clone()], snapshot.schema())
-}
-
-fn collect(data: AnyRecordBatch) -> PyResult<(arrow::datatypes::SchemaRef, Vec<RecordBatch>)> {
-    let reader = data.into_reader()?;
-    let schema = reader.schema();
-    let batches = reader
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| invalid(format!("cannot read the Arrow stream: {e}")))?;
-    Ok((schema, batches))
 }
 
 impl PyDataset {
@@ -89,10 +84,22 @@ impl PyDataset {
         schema: arrow::datatypes::SchemaRef,
         batches: Vec<RecordBatch>,
         note: String,
-    ) -> PyResult<u64> {
+        base: Option<u64>,
+        force: bool,
+    ) -> PyResult<datasetrt::Result<u64>> {
         detach(py, || {
             let _guard = self.lock_writes();
-            let snapshot = self.inner.update(&schema, &batches, &note)?;
+            let snapshot = self.inner.update(&schema, &batches, &note, base, force)?;
+            self.follow(&snapshot)?;
+            Ok(snapshot.number())
+        })
+    }
+
+    /// Make the head's snapshot active here too (the SQL table follows).
+    fn refresh_active(&self, py: Python<'_>) -> PyResult<u64> {
+        detach(py, || {
+            let _guard = self.lock_writes();
+            let snapshot = self.inner.refresh()?;
             self.follow(&snapshot)?;
             Ok(snapshot.number())
         })?
@@ -233,7 +240,7 @@ impl PyDataset {
     }
 
     /// One dict per snapshot on disk, oldest first: version, created_unix_ms,
-    /// rows, fingerprint, note.
+    /// rows, fingerprint, note, parent (the head it was committed on).
     fn history<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let inner = self.inner.clone();
         let snapshots = detach(py, move || -> datasetrt::Result<Vec<_>> {
@@ -252,6 +259,7 @@ impl PyDataset {
             d.set_item("rows", s.num_rows())?;
             d.set_item("fingerprint", s.fingerprint())?;
             d.set_item("note", s.note())?;
+            d.set_item("parent", s.parent())?;
             list.append(d)?;
         }
         Ok(list)
@@ -268,22 +276,61 @@ impl PyDataset {
         table(&*self.pinned(snapshot)?)
     }
 
-    /// Replace the population; returns the new snapshot number.
-    #[pyo3(signature = (data, note="update_metadata".to_string()))]
-    fn update(&self, py: Python<'_>, data: AnyRecordBatch, note: String) -> PyResult<u64> {
-        let (schema, batches) = collect(data)?;
-        self.publish(py, schema, batches, note)
+    /// Replace the population; returns the new snapshot number. `base` is
+    /// the snapshot the data was derived from (default: the active one).
+    #[pyo3(signature = (data, note="update_metadata".to_string(), base=None, force=false, nulls=vec![]))]
+    fn update(
+        &self,
+        py: Python<'_>,
+        data: AnyRecordBatch,
+        note: String,
+        base: Option<u64>,
+        force: bool,
+        nulls: Vec<String>,
+    ) -> PyResult<u64> {
+        let (schema, batches) = collect(data, &nulls, "Arrow stream")?;
+        self.publish(py, schema, batches, note, base, force)?.py()
+    }
+
+    /// The snapshot the head record names now (another process may have
+    /// committed since this dataset was opened).
+    fn head(&self, py: Python<'_>) -> PyResult<u64> {
+        let inner = self.inner.clone();
+        detach(py, move || inner.head())?.py()
+    }
+
+    /// Make the head's snapshot active; returns its number.
+    fn refresh(&self, py: Python<'_>) -> PyResult<u64> {
+        self.refresh_active(py)
+    }
+
+    /// Make snapshot `number` active in this process only (the head stays).
+    fn pin(&self, py: Python<'_>, number: u64) -> PyResult<u64> {
+        detach(py, || {
+            let _guard = self.lock_writes();
+            let snapshot = self.inner.pin(number)?;
+            self.follow(&snapshot)?;
+            Ok(snapshot.number())
+        })?
+        .py()
     }
 
     /// Register an Arrow table (any `__arrow_c_stream__` object) as `name`
     /// for SQL next to `metadata` and `payloads`.
-    fn register(&self, py: Python<'_>, name: String, data: AnyRecordBatch) -> PyResult<()> {
+    #[pyo3(signature = (name, data, nulls=vec![]))]
+    fn register(
+        &self,
+        py: Python<'_>,
+        name: String,
+        data: AnyRecordBatch,
+        nulls: Vec<String>,
+    ) -> PyResult<()> {
         if matches!(name.as_str(), "metadata" | "payloads") || name.is_empty() {
             return Err(invalid(format!(
                 "{name:?} is not a name a registered table can take"
             )));
         }
-        let (schema, batches) = collect(data)?;
+        let (schema, batches) = collect(data, &nulls, "Arrow stream")?;
         self.session(py)?.register(&name, schema, batches).py()
     }
 
@@ -300,13 +347,84 @@ impl PyDataset {
         PyTable::try_new(batches, schema)
     }
 
-    /// Set the population to the result of `query`; returns the snapshot number.
-    #[pyo3(signature = (query, note=None))]
-    fn select(&self, py: Python<'_>, query: String, note: Option<String>) -> PyResult<u64> {
+    /// Set the population to the result of `query`; returns the snapshot
+    /// number. The query runs against the active snapshot; if another writer
+    /// moved the head meanwhile, it runs again on the new head (a few times)
+    /// before the conflict is raised.
+    #[pyo3(signature = (query, note=None, force=false))]
+    fn select(
+        &self,
+        py: Python<'_>,
+        query: String,
+        note: Option<String>,
+        force: bool,
+    ) -> PyResult<u64> {
         let session = self.session(py)?;
         let note = note.unwrap_or_else(|| format!("select: {query}"));
-        let (schema, batches) = wait(py, async move { session.sql(&query).await })?.py()?;
-        self.publish(py, schema, batches, note)
+        let mut attempts = 0;
+        loop {
+            let base = self.inner.snapshot().number();
+            let (session, text) = (session.clone(), query.clone());
+            let (schema, batches) = wait(py, async move { session.sql(&text).await })?.py()?;
+            match self.publish(py, schema, batches, note.clone(), Some(base), force)? {
+                Err(datasetrt::Error::Conflict { .. }) if attempts < SELECT_RETRIES => {
+                    attempts += 1;
+                    self.refresh_active(py)?;
+                }
+                other => return other.py(),
+            }
+        }
+    }
+
+    /// Every problem of every stored file and record, as dicts: kind (the
+    /// exception class), path, message. `progress(done, total)` is called
+    /// from this thread now and then.
+    #[pyo3(signature = (progress=None))]
+    fn verify<'py>(
+        &self,
+        py: Python<'py>,
+        progress: Option<Py<PyAny>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let inner = self.inner.clone();
+        let (tx, rx) = std::sync::mpsc::channel::<(u64, u64)>();
+        let worker = std::thread::spawn(move || {
+            inner.verify(&|done, total| {
+                let _ = tx.send((done, total));
+            })
+        });
+        // report progress (and check for Ctrl-C) from this thread, with the
+        // GIL; a Receiver is not Sync, so the detached closure borrows a Mutex
+        let rx = Mutex::new(rx);
+        loop {
+            let next = py.detach(|| {
+                rx.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .recv_timeout(Duration::from_millis(100))
+            });
+            match next {
+                Ok((done, total)) => {
+                    if let Some(callback) = &progress {
+                        callback.call1(py, (done, total))?;
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => py.check_signals()?,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        let problems = worker
+            .join()
+            .map_err(|_| invalid("verify() failed: its thread panicked"))?;
+        let list = PyList::empty(py);
+        for problem in problems {
+            let err = crate::error::to_py(problem);
+            let value = err.value(py);
+            let d = PyDict::new(py);
+            d.set_item("kind", value.get_type().name()?)?;
+            d.set_item("path", value.getattr("path").ok())?;
+            d.set_item("message", value.str()?)?;
+            list.append(d)?;
+        }
+        Ok(list)
     }
 
     /// Name snapshot `number` (default: the active one).
@@ -332,7 +450,7 @@ impl PyDataset {
     fn checkout(&self, py: Python<'_>, number: u64) -> PyResult<u64> {
         detach(py, || {
             let _guard = self.lock_writes();
-            let snapshot = self.inner.checkout(number)?;
+            let snapshot = self.inner.checkout(number)?; // moves the head
             self.follow(&snapshot)?;
             Ok(snapshot.number())
         })?

@@ -16,7 +16,9 @@ fn class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>> {
     Ok(module.bind(py).getattr(name)?.cast_into::<PyType>()?)
 }
 
-/// Convert an engine error into the matching Python exception.
+/// Convert an engine error into the matching Python exception, with the
+/// culprit as attributes (`path`; `base` and `head` for a conflict) so that
+/// callers need not parse messages.
 pub fn to_py(err: Error) -> PyErr {
     let name = match &err {
         Error::InvalidInput(_) => "InvalidInputError",
@@ -24,15 +26,36 @@ pub fn to_py(err: Error) -> PyErr {
         Error::Corrupt { .. } => "CorruptCacheError",
         Error::UnsupportedVersion { .. } => "UnsupportedFormatError",
         Error::Io { .. } => "StorageError",
+        Error::Conflict { .. } => "ConflictError",
         Error::DataFusion(_) => "QueryError",
         Error::Arrow(_) => "DatasetRTError",
     };
     let message = err.to_string();
-    Python::attach(|py| match class(py, name) {
-        Ok(ty) => PyErr::from_type(ty, message),
-        Err(e) => PyRuntimeError::new_err(format!(
-            "{message} (and datasetrt.exceptions failed to load: {e})"
-        )),
+    Python::attach(|py| {
+        let made = class(py, name).and_then(|ty| {
+            let exc = ty.call1((message.clone(),))?;
+            let path = match &err {
+                Error::NotFound { path, .. }
+                | Error::Corrupt { path, .. }
+                | Error::UnsupportedVersion { path, .. }
+                | Error::Io { path, .. } => Some(path),
+                Error::Conflict { dir, .. } => Some(dir),
+                _ => None,
+            };
+            if let Some(path) = path {
+                exc.setattr("path", path)?;
+            }
+            if let Error::Conflict { base, head, .. } = &err {
+                exc.setattr("base", base)?;
+                exc.setattr("head", head)?;
+            }
+            Ok(PyErr::from_value(exc))
+        });
+        made.unwrap_or_else(|e| {
+            PyRuntimeError::new_err(format!(
+                "{message} (and datasetrt.exceptions failed to load: {e})"
+            ))
+        })
     })
 }
 

@@ -1,6 +1,7 @@
 //! `datasetrt._native`: thin PyO3 bindings over the engine. Conversion and
 //! GIL handling only; all logic lives in `datasetrt-engine`.
 
+mod arrow_in;
 mod dataset;
 mod error;
 mod ffi;
@@ -9,6 +10,20 @@ mod writer;
 
 use pyo3::prelude::*;
 
+use crate::error::IntoPyResult;
+
+/// Raise `InvalidInputError` unless `name` can be a source (cache directory) name.
+#[pyfunction]
+fn check_source_name(name: &str) -> PyResult<()> {
+    datasetrt::store::validate_source_name(name).py()
+}
+
+/// Raise `InvalidInputError` unless `name` can be a metadata column.
+#[pyfunction]
+fn check_column_name(name: &str) -> PyResult<()> {
+    datasetrt::store::check_column_name(name).py()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -16,5 +31,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dataset::PyLoader>()?;
     m.add_class::<writer::PyCacheWriter>()?;
     m.add_class::<ffi::PyTableProvider>()?;
+    m.add("RESERVED_COLUMNS", datasetrt::store::RESERVED_COLUMNS)?;
+    m.add("PAYLOAD_COLUMNS", datasetrt::store::PAYLOAD_COLUMNS)?;
+    m.add_function(wrap_pyfunction!(check_source_name, m)?)?;
+    m.add_function(wrap_pyfunction!(check_column_name, m)?)?;
     Ok(())
 }

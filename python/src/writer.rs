@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use arrow::array::RecordBatch;
 use arrow::compute::concat_batches;
 use datasetrt::store::{CacheWriter, Codec, WriterOptions};
 use pyo3::prelude::*;
@@ -89,16 +88,14 @@ impl PyCacheWriter {
 
     /// Publish the cache with `attributes` (one row per record). Returns a dict
     /// describing the published cache.
+    #[pyo3(signature = (attributes, nulls=vec![]))]
     fn finish<'py>(
         &self,
         py: Python<'py>,
         attributes: AnyRecordBatch,
+        nulls: Vec<String>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let reader = attributes.into_reader()?;
-        let schema = reader.schema();
-        let batches: Vec<RecordBatch> = reader
-            .collect::<Result<_, _>>()
-            .map_err(|e| invalid(format!("cannot read the attribute stream: {e}")))?;
+        let (schema, batches) = crate::arrow_in::collect(attributes, &nulls, "attribute stream")?;
         let writer = self.take()?;
         let (manifest, dir) = detach(py, move || -> datasetrt::Result<_> {
             let batch = concat_batches(&schema, &batches)?;

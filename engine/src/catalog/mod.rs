@@ -1,6 +1,8 @@
-//! A dataset: one or more published caches plus a line of numbered, immutable
-//! metadata snapshots. The newest snapshot is the active population.
+//! A dataset: one or more published caches plus numbered, immutable metadata
+//! snapshots. The head record names the population; `commit` says how it
+//! moves.
 
+pub mod commit;
 mod snapshot;
 mod validate;
 
@@ -12,13 +14,12 @@ use arrow::array::{new_null_array, ArrayRef, Float64Array, Int64Array, RecordBat
 use arrow::compute::concat_batches;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
-pub use snapshot::Snapshot;
+pub use snapshot::{read_manifest, Manifest, Snapshot};
 
 use crate::store::{fs, Cache};
 use crate::{Error, Result};
 
-/// Columns DatasetRT owns: source metadata may not use these keys.
-pub const RESERVED_COLUMNS: [&str; 3] = ["cache_id", "sample_id", "weight"];
+pub use crate::store::RESERVED_COLUMNS;
 
 /// Where tags live, inside a dataset's snapshot directory.
 pub const TAGS_DIR: &str = "tags";
@@ -123,13 +124,36 @@ impl Dataset {
         };
         let snapshot_dir = base.join(format!("{:016x}", fnv1a(&key)));
         std::fs::create_dir_all(&snapshot_dir).map_err(Error::io(&snapshot_dir))?;
+        // leftovers of processes killed mid-build or mid-update
+        for cache in &caches {
+            if let Some(root) = cache.dir().parent() {
+                fs::remove_stale_temps(root);
+            }
+        }
+        fs::remove_stale_temps(&snapshot_dir);
+        fs::remove_stale_temps(&snapshot_dir.join(snapshot::COLUMNS_DIR));
 
-        let snapshot = match Self::list_in(&snapshot_dir)?.last() {
-            Some(&n) => Snapshot::open(&snapshot_dir, n)?,
+        let numbers = Self::list_in(&snapshot_dir)?;
+        let snapshot = match commit::current(&snapshot_dir, &numbers)? {
+            Some(n) => Snapshot::open(&snapshot_dir, n)?,
             None => {
                 let initial = initial_population(&caches)?;
-                snapshot::publish(&snapshot_dir, &initial, 0, "every stored sample", false)?;
-                Snapshot::open(&snapshot_dir, 0)?
+                let guard = commit::lock(&snapshot_dir)?;
+                let number = match commit::read_head(&snapshot_dir)? {
+                    Some(n) => n, // another process created it meanwhile
+                    None => {
+                        let n = snapshot::publish(
+                            &snapshot_dir,
+                            &initial,
+                            0,
+                            "every stored sample",
+                            None,
+                        )?;
+                        commit::write_head(&snapshot_dir, n, &guard)?;
+                        n
+                    }
+                };
+                Snapshot::open(&snapshot_dir, number)?
             }
         };
         Ok(Dataset {
@@ -188,21 +212,48 @@ impl Dataset {
         self.active.read().expect("snapshot lock").clone()
     }
 
-    /// Validate `batches` as the new population and publish it as the next
-    /// snapshot; `note` records what made it. A rejected update changes nothing.
+    /// The snapshot the head record names now (another process may have
+    /// moved it since this dataset was opened).
+    pub fn head(&self) -> Result<u64> {
+        commit::read_head(&self.snapshot_dir)?.ok_or_else(|| {
+            Error::corrupt(
+                self.snapshot_dir.join(commit::HEAD_FILE),
+                "the head record is missing",
+            )
+        })
+    }
+
+    /// Validate `batches` as the new population and commit it as the next
+    /// snapshot; `note` records what made it. `base` is the snapshot the
+    /// update was derived from (default: the active one): if the head has
+    /// moved past it, the update is refused with [`Error::Conflict`] unless
+    /// `force`. A rejected update changes nothing.
     pub fn update(
         &self,
         schema: &SchemaRef,
         batches: &[RecordBatch],
         note: &str,
+        base: Option<u64>,
+        force: bool,
     ) -> Result<Arc<Snapshot>> {
         let batch = validate::validate_update(&self.caches, schema, batches)?;
         let mut active = self.active.write().expect("snapshot lock");
+        let base = base.unwrap_or_else(|| active.number());
+        let guard = commit::lock(&self.snapshot_dir)?;
+        let head = self.head()?;
+        if head != base && !force {
+            return Err(Error::Conflict {
+                dir: self.snapshot_dir.clone(),
+                base,
+                head,
+            });
+        }
         let next = Self::list_in(&self.snapshot_dir)?
             .last()
             .map_or(0, |n| n + 1);
-        let number = snapshot::publish(&self.snapshot_dir, &batch, next, note, true)?;
+        let number = snapshot::publish(&self.snapshot_dir, &batch, next, note, Some(head))?;
         let snapshot = Arc::new(Snapshot::open(&self.snapshot_dir, number)?);
+        commit::write_head(&self.snapshot_dir, number, &guard)?;
         *active = snapshot.clone();
         Ok(snapshot)
     }
@@ -255,16 +306,19 @@ impl Dataset {
         Ok(tags)
     }
 
-    /// Delete every snapshot except the newest `keep`, the tagged ones and the
-    /// active one, then every column and alias file no remaining snapshot uses.
-    /// Returns the deleted snapshot numbers. Run it while no other process
-    /// publishes snapshots of this dataset.
+    /// Delete every snapshot except the newest `keep`, the tagged ones, the
+    /// head and the active one, then every column and alias file no
+    /// remaining snapshot uses. Returns the deleted snapshot numbers. Holds
+    /// the commit lock, so no commit of this dataset runs meanwhile.
     pub fn cleanup(&self, keep: usize) -> Result<Vec<u64>> {
+        let active = self.snapshot().number(); // before the lock: update locks in that order
+        let _guard = commit::lock(&self.snapshot_dir)?;
         let numbers = self.snapshot_numbers()?;
         let mut kept: std::collections::BTreeSet<u64> =
             numbers.iter().rev().take(keep).copied().collect();
         kept.extend(self.tags()?.values().copied());
-        kept.insert(self.snapshot().number());
+        kept.insert(active);
+        kept.insert(self.head()?);
         let removed: Vec<u64> = numbers
             .iter()
             .copied()
@@ -302,11 +356,78 @@ impl Dataset {
         Ok(Arc::new(Snapshot::open(&self.snapshot_dir, number)?))
     }
 
-    /// Make an existing snapshot the active population.
+    /// Make an existing snapshot the population, for every process: the
+    /// head moves to it (a rollback; no snapshot is deleted).
     pub fn checkout(&self, number: u64) -> Result<Arc<Snapshot>> {
+        let snapshot = self.snapshot_at(number)?;
+        let mut active = self.active.write().expect("snapshot lock");
+        let guard = commit::lock(&self.snapshot_dir)?;
+        commit::write_head(&self.snapshot_dir, number, &guard)?;
+        *active = snapshot.clone();
+        Ok(snapshot)
+    }
+
+    /// Make snapshot `number` active in this process only (the head stays):
+    /// how a loader worker reopens the population its parent pinned.
+    pub fn pin(&self, number: u64) -> Result<Arc<Snapshot>> {
         let snapshot = self.snapshot_at(number)?;
         *self.active.write().expect("snapshot lock") = snapshot.clone();
         Ok(snapshot)
+    }
+
+    /// Make the head's snapshot active (after another process committed).
+    pub fn refresh(&self) -> Result<Arc<Snapshot>> {
+        self.pin(self.head()?)
+    }
+
+    /// Check everything this dataset stores: every record of every cache
+    /// (reopened from disk, so its manifest, index and attributes are checked
+    /// again), the head, the tags, and every snapshot manifest with every
+    /// column file it names (checksums recomputed, whatever this process
+    /// verified before). Returns every problem found, not just the first;
+    /// `progress` is told how many of `total` records and snapshots are done.
+    pub fn verify(&self, progress: &dyn Fn(u64, u64)) -> Vec<Error> {
+        let mut problems = Vec::new();
+        let numbers = self.snapshot_numbers().unwrap_or_else(|e| {
+            problems.push(e);
+            Vec::new()
+        });
+        let total = self.caches.iter().map(|c| c.records()).sum::<u64>() + numbers.len() as u64;
+        let mut done = 0;
+        for cache in self.caches.iter() {
+            let reopened = match Cache::open(cache.dir()) {
+                Ok(c) => c,
+                Err(e) => {
+                    problems.push(e);
+                    done += cache.records();
+                    continue;
+                }
+            };
+            let mut buf = Vec::new();
+            for sample in 0..reopened.records() {
+                buf.clear();
+                if let Err(e) = reopened.read_into(sample, &mut buf, true) {
+                    problems.push(e);
+                }
+                done += 1;
+                if done % 4096 == 0 {
+                    progress(done, total);
+                }
+            }
+        }
+        if let Err(e) = self.head() {
+            problems.push(e);
+        }
+        if let Err(e) = self.tags() {
+            problems.push(e);
+        }
+        for &n in &numbers {
+            problems.extend(snapshot::verify_files(&self.snapshot_dir, n));
+            done += 1;
+            progress(done, total);
+        }
+        progress(total, total);
+        problems
     }
 
     /// The payload of one stored sample, checksum verified. Uses the same read

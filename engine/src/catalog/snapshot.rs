@@ -22,7 +22,8 @@ use crate::store::{fs, ipc, Cache};
 use crate::{Error, Result};
 
 const HEADER: &str = "datasetrt-snapshot";
-const VERSION: u32 = 1;
+/// Version 2 adds per-column checksums and lengths, `parent`, and escaping.
+const VERSION: u32 = 2;
 pub const COLUMNS_DIR: &str = "columns";
 
 /// One immutable population: `cache_id`, `sample_id`, user columns, `weight`.
@@ -34,6 +35,7 @@ pub struct Snapshot {
     fingerprint: String,
     note: String,
     created_unix_ms: u64,
+    parent: Option<u64>,
     rows_by_sample: OnceLock<Vec<Vec<u32>>>,
     alias: OnceLock<AliasTable>,
     /// Content hash of the weight column (names the shared alias table file).
@@ -81,24 +83,49 @@ fn column_field(field: &Field) -> Field {
     Field::new("values", field.data_type().clone(), field.is_nullable())
 }
 
-/// Make sure every column of `batch` is stored under `dir/columns`; return the
-/// column hashes in order. Columns already stored are not written again.
-fn store_columns(dir: &Path, batch: &RecordBatch) -> Result<Vec<String>> {
+/// A stored column file: content hash, CRC-32C and length of the file.
+type StoredColumn = (String, u32, u64);
+
+/// Make sure every column of `batch` is stored under `dir/columns`; return
+/// each column's file in order. Columns already stored are not written
+/// again; their checksums come from `known` (the parent's manifest) or, for
+/// a file no parent names, from reading it once.
+fn store_columns(
+    dir: &Path,
+    batch: &RecordBatch,
+    known: &[ColumnEntry],
+) -> Result<Vec<StoredColumn>> {
     let columns_dir = dir.join(COLUMNS_DIR);
     std::fs::create_dir_all(&columns_dir).map_err(Error::io(&columns_dir))?;
-    let mut hashes = Vec::with_capacity(batch.num_columns());
+    let mut stored = Vec::with_capacity(batch.num_columns());
     for (field, array) in batch.schema().fields().iter().zip(batch.columns()) {
         let hash = column_hash(field, array);
         let path = columns_dir.join(format!("{hash}.arrow"));
-        if !path.exists() {
-            let schema = Arc::new(Schema::new(vec![column_field(field)]));
-            let one = RecordBatch::try_new(schema.clone(), vec![array.clone()])?;
-            let tmp = ipc::write_temp(&path, &schema, &[one])?;
-            fs::publish_no_replace(&tmp, &path)?;
-        }
-        hashes.push(hash);
+        let from_parent = known
+            .iter()
+            .find(|c| c.hash == hash)
+            .and_then(|c| Some((c.crc?, c.len?)));
+        let file_crc = |path: &Path| -> Result<(u32, u64)> {
+            let bytes = std::fs::read(path).map_err(Error::io(path))?;
+            Ok((crc32c(&bytes), bytes.len() as u64))
+        };
+        let (crc, len) = match from_parent {
+            Some(found) if path.exists() => found,
+            _ if path.exists() => file_crc(&path)?,
+            _ => {
+                let schema = Arc::new(Schema::new(vec![column_field(field)]));
+                let one = RecordBatch::try_new(schema.clone(), vec![array.clone()])?;
+                let written = ipc::write_temp(&path, &schema, &[one])?;
+                if fs::publish_no_replace(&written.path, &path)? {
+                    (written.crc, written.len)
+                } else {
+                    file_crc(&path)? // an equal column another writer stored meanwhile
+                }
+            }
+        };
+        stored.push((hash, crc, len));
     }
-    Ok(hashes)
+    Ok(stored)
 }
 
 fn fingerprint(rows: usize, names: &[String], hashes: &[String]) -> String {
@@ -112,16 +139,151 @@ fn fingerprint(rows: usize, names: &[String], hashes: &[String]) -> String {
     format!("{:032x}", h.digest128())
 }
 
-/// Write `batch` as snapshot `number` (or the next free number when another
-/// process took it first, if `next_free`). Returns the number used.
+/// Percent-encode `%` and control characters so that any column name or note
+/// stays on one manifest line (a newline in a metadata key once made every
+/// later `open` fail).
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c == '%' || c.is_control() {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                let _ = write!(out, "%{b:02X}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn unescape(text: &str) -> Option<String> {
+    if !text.contains('%') {
+        return Some(text.to_string());
+    }
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// A column file as a manifest names it: content hash, and (from version 2)
+/// the CRC-32C and length of the whole file, checked before it is used.
+#[derive(Debug, Clone)]
+pub struct ColumnEntry {
+    pub hash: String,
+    pub name: String,
+    pub crc: Option<u32>,
+    pub len: Option<u64>,
+}
+
+/// A parsed, checksum-verified snapshot manifest.
+#[derive(Debug, Clone)]
+pub struct Manifest {
+    pub rows: usize,
+    pub created_unix_ms: u64,
+    /// The head this snapshot was committed on (`None` for the first one and
+    /// for version-1 manifests, written before heads existed).
+    pub parent: Option<u64>,
+    pub note: String,
+    pub fingerprint: String,
+    pub columns: Vec<ColumnEntry>,
+    /// The manifest's format version (1: columns carry no checksum).
+    pub version: u32,
+}
+
+/// What identifies one version of a file: path, length, modification time,
+/// inode.
+type FileVersion = (PathBuf, u64, std::time::SystemTime, u64);
+
+/// Processes verify each column file once per version: files are
+/// content-addressed and never rewritten, so a file that passed its check
+/// stays good; one changed in place gets a new modification time and is
+/// checked again.
+fn verified() -> &'static std::sync::Mutex<std::collections::HashSet<FileVersion>> {
+    static VERIFIED: OnceLock<std::sync::Mutex<std::collections::HashSet<FileVersion>>> =
+        OnceLock::new();
+    VERIFIED.get_or_init(Default::default)
+}
+
+fn file_version(path: &Path) -> Option<FileVersion> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    Some((
+        path.to_path_buf(),
+        meta.len(),
+        meta.modified().ok()?,
+        meta.ino(),
+    ))
+}
+
+/// Check a mapped column file against its manifest entry.
+fn verify_column(file: &Path, bytes: &[u8], entry: &ColumnEntry) -> Result<()> {
+    let (Some(crc), Some(len)) = (entry.crc, entry.len) else {
+        return Ok(()); // a version-1 manifest: nothing to check against
+    };
+    let key = file_version(file);
+    if let Some(key) = &key {
+        if verified()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(key)
+        {
+            return Ok(());
+        }
+    }
+    if bytes.len() as u64 != len {
+        return Err(Error::corrupt(
+            file,
+            format!(
+                "snapshot column file is {} bytes, its manifest says {len}",
+                bytes.len()
+            ),
+        ));
+    }
+    let found = crc32c(bytes);
+    if found != crc {
+        return Err(Error::corrupt(
+            file,
+            format!("snapshot column file checksum mismatch (crc32c {found:08x}, manifest says {crc:08x})"),
+        ));
+    }
+    if let Some(key) = key {
+        verified()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key);
+    }
+    Ok(())
+}
+
+/// Write `batch` as the first free snapshot number at or above `number`,
+/// created only if absent (a number another writer took is skipped, never
+/// overwritten). `parent` is the head it is committed on. Returns the number.
+/// The caller makes it the head (see `commit`).
 pub fn publish(
     dir: &Path,
     batch: &RecordBatch,
     number: u64,
     note: &str,
-    next_free: bool,
+    parent: Option<u64>,
 ) -> Result<u64> {
-    let hashes = store_columns(dir, batch)?;
+    let known = match parent {
+        Some(p) => read_manifest(dir, p).map(|m| m.columns).unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let stored = store_columns(dir, batch, &known)?;
+    let hashes: Vec<String> = stored.iter().map(|(hash, _, _)| hash.clone()).collect();
     let names: Vec<String> = batch
         .schema()
         .fields()
@@ -136,18 +298,20 @@ pub fn publish(
         "{HEADER} {VERSION}\nrows={}\ncreated_unix_ms={created}\n",
         batch.num_rows()
     );
-    let note: String = note
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    let _ = writeln!(body, "note={note}");
+    match parent {
+        Some(p) => {
+            let _ = writeln!(body, "parent={p}");
+        }
+        None => body.push_str("parent=none\n"),
+    }
+    let _ = writeln!(body, "note={}", escape(note));
     let _ = writeln!(
         body,
         "fingerprint={}",
         fingerprint(batch.num_rows(), &names, &hashes)
     );
-    for (name, hash) in names.iter().zip(&hashes) {
-        let _ = writeln!(body, "column={hash} {name}");
+    for (name, (hash, crc, len)) in names.iter().zip(&stored) {
+        let _ = writeln!(body, "column={hash} {crc:08x} {len} {}", escape(name));
     }
     let crc = crc32c(body.as_bytes());
     let text = format!("{body}checksum={crc:08x}\n");
@@ -159,8 +323,7 @@ pub fn publish(
         let path = dir.join(Snapshot::file_name(n));
         match std::fs::hard_link(&tmp, &path) {
             Ok(()) => break,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && next_free => n += 1,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => break,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => n += 1,
             Err(e) => {
                 let _ = std::fs::remove_file(&tmp);
                 return Err(Error::io(&path)(e));
@@ -172,35 +335,77 @@ pub fn publish(
     Ok(n)
 }
 
+/// Every problem of snapshot `number`'s manifest and column files, each file
+/// read and checked in full (the per-process cache of verified files is not
+/// consulted).
+pub fn verify_files(dir: &Path, number: u64) -> Vec<Error> {
+    let manifest = match read_manifest(dir, number) {
+        Ok(m) => m,
+        Err(e) => return vec![e],
+    };
+    let mut problems = Vec::new();
+    for entry in &manifest.columns {
+        let file = dir.join(COLUMNS_DIR).join(format!("{}.arrow", entry.hash));
+        let checked = std::fs::read(&file)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Error::NotFound {
+                    what: "snapshot column",
+                    path: file.clone(),
+                },
+                _ => Error::io(&file)(e),
+            })
+            .and_then(|bytes| {
+                match (entry.crc, entry.len) {
+                    (Some(crc), Some(len))
+                        if bytes.len() as u64 != len || crc32c(&bytes) != crc =>
+                    {
+                        return Err(Error::corrupt(
+                            &file,
+                            format!(
+                                "snapshot column file does not match its manifest ({number:08})"
+                            ),
+                        ))
+                    }
+                    _ => {}
+                }
+                ipc::decode(&file, arrow::buffer::Buffer::from_vec(bytes)).map(|_| ())
+            });
+        if let Err(e) = checked {
+            problems.push(e);
+        }
+    }
+    problems
+}
+
 /// The column hashes a snapshot manifest names (checksum verified).
 pub fn manifest_columns(dir: &Path, number: u64) -> Result<Vec<String>> {
-    Ok(read_manifest(&dir.join(Snapshot::file_name(number)))?
-        .lines()
-        .filter_map(|l| l.strip_prefix("column="))
-        .filter_map(|v| v.split_once(' ').map(|(hash, _)| hash.to_string()))
+    Ok(read_manifest(dir, number)?
+        .columns
+        .into_iter()
+        .map(|c| c.hash)
         .collect())
 }
 
-/// The body of a snapshot manifest (every line before `checksum=`), after
-/// checking its version line and checksum.
-fn read_manifest(path: &Path) -> Result<String> {
-    let raw = std::fs::read(path).map_err(|e| match e.kind() {
+/// Read and check the manifest of snapshot `number` in `dir`.
+pub fn read_manifest(dir: &Path, number: u64) -> Result<Manifest> {
+    let path = dir.join(Snapshot::file_name(number));
+    let raw = std::fs::read(&path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::NotFound {
             what: "metadata snapshot",
-            path: path.to_path_buf(),
+            path: path.clone(),
         },
-        _ => Error::io(path)(e),
+        _ => Error::io(&path)(e),
     })?;
-    let bad = |detail: String| Error::corrupt(path, detail);
+    let bad = |detail: String| Error::corrupt(&path, detail);
     let text = String::from_utf8(raw).map_err(|_| bad("snapshot manifest is not UTF-8".into()))?;
     let first = text.lines().next().unwrap_or_default();
     let version: u32 = first
         .strip_prefix(HEADER)
         .and_then(|v| v.trim().parse().ok())
         .ok_or_else(|| bad(format!("first line {first:?} is not '{HEADER} <version>'")))?;
-    if version != VERSION {
+    if !(1..=VERSION).contains(&version) {
         return Err(Error::UnsupportedVersion {
-            path: path.to_path_buf(),
+            path: path.clone(),
             found: version,
             supported: VERSION,
         });
@@ -213,9 +418,64 @@ fn read_manifest(path: &Path) -> Result<String> {
     if crc32c(&text.as_bytes()[..split]) != stored {
         return Err(bad("snapshot manifest checksum mismatch".into()));
     }
-    let mut body = text;
-    body.truncate(split);
-    Ok(body)
+    let mut manifest = Manifest {
+        rows: 0,
+        created_unix_ms: 0,
+        parent: None,
+        note: String::new(),
+        fingerprint: String::new(),
+        columns: Vec::new(),
+        version,
+    };
+    let mut rows = None;
+    for line in text[..split].lines().skip(1) {
+        let (key, value) = line
+            .split_once('=')
+            .ok_or_else(|| bad(format!("bad line {line:?}")))?;
+        let bad_line = || bad(format!("bad {key} line {line:?}"));
+        match key {
+            "rows" => rows = value.parse::<usize>().ok(),
+            "created_unix_ms" => manifest.created_unix_ms = value.parse().unwrap_or(0),
+            "parent" if value == "none" => manifest.parent = None,
+            "parent" => manifest.parent = Some(value.parse().map_err(|_| bad_line())?),
+            "note" if version == 1 => manifest.note = value.to_string(),
+            "note" => manifest.note = unescape(value).ok_or_else(bad_line)?,
+            "fingerprint" => manifest.fingerprint = value.to_string(),
+            "column" if version == 1 => {
+                let (hash, name) = value.split_once(' ').ok_or_else(bad_line)?;
+                manifest.columns.push(ColumnEntry {
+                    hash: hash.to_string(),
+                    name: name.to_string(),
+                    crc: None,
+                    len: None,
+                });
+            }
+            "column" => {
+                let mut parts = value.splitn(4, ' ');
+                let mut next = || parts.next().ok_or_else(bad_line);
+                let (hash, crc, len, name) = (next()?, next()?, next()?, next()?);
+                manifest.columns.push(ColumnEntry {
+                    hash: hash.to_string(),
+                    crc: Some(u32::from_str_radix(crc, 16).map_err(|_| bad_line())?),
+                    len: Some(len.parse().map_err(|_| bad_line())?),
+                    name: unescape(name).ok_or_else(bad_line)?,
+                });
+            }
+            _ => {}
+        }
+    }
+    if let Some(entry) = manifest
+        .columns
+        .iter()
+        .find(|c| c.hash.len() != 32 || !c.hash.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
+        return Err(bad(format!(
+            "column hash {:?} is not 32 hex digits",
+            entry.hash
+        )));
+    }
+    manifest.rows = rows.ok_or_else(|| bad("no rows line".into()))?;
+    Ok(manifest)
 }
 
 impl Snapshot {
@@ -228,54 +488,36 @@ impl Snapshot {
         (stem.len() == 8 && stem.bytes().all(|b| b.is_ascii_digit())).then(|| stem.parse().ok())?
     }
 
-    /// Read snapshot `number` from `dir`: check its manifest, map its columns.
+    /// Read snapshot `number` from `dir`: check its manifest, verify and map
+    /// its columns.
     pub fn open(dir: &Path, number: u64) -> Result<Snapshot> {
         let path = dir.join(Self::file_name(number));
-        let body = read_manifest(&path)?;
+        let manifest = read_manifest(dir, number)?;
         let bad = |detail: String| Error::corrupt(&path, detail);
-        let mut rows = None;
-        let mut created_unix_ms = 0;
-        let mut note = String::new();
-        let mut fingerprint_line = String::new();
         let mut fields = Vec::new();
         let mut columns = Vec::new();
         let mut weight_hash = String::new();
-        for line in body.lines().skip(1) {
-            let (key, value) = line
-                .split_once('=')
-                .ok_or_else(|| bad(format!("bad line {line:?}")))?;
-            match key {
-                "rows" => rows = value.parse::<usize>().ok(),
-                "created_unix_ms" => created_unix_ms = value.parse().unwrap_or(0),
-                "note" => note = value.to_string(),
-                "fingerprint" => fingerprint_line = value.to_string(),
-                "column" => {
-                    let (hash, name) = value
-                        .split_once(' ')
-                        .ok_or_else(|| bad(format!("bad column line {line:?}")))?;
-                    let file = dir.join(COLUMNS_DIR).join(format!("{hash}.arrow"));
-                    let (schema, batches) = ipc::read_mapped(&file, "snapshot column")?;
-                    let array = match batches.as_slice() {
-                        [one] if one.num_columns() == 1 => one.column(0).clone(),
-                        _ => {
-                            return Err(Error::corrupt(&file, "expected one batch with one column"))
-                        }
-                    };
-                    let field = schema.field(0);
-                    if name == "weight" {
-                        weight_hash = hash.to_string();
-                    }
-                    fields.push(Field::new(
-                        name,
-                        field.data_type().clone(),
-                        field.is_nullable(),
-                    ));
-                    columns.push(array);
-                }
-                _ => {}
+        for entry in &manifest.columns {
+            let file = dir.join(COLUMNS_DIR).join(format!("{}.arrow", entry.hash));
+            let buffer = fs::map_buffer(&file, "snapshot column")?;
+            verify_column(&file, &buffer, entry)?;
+            let (schema, batches) = ipc::decode(&file, buffer)?;
+            let array = match batches.as_slice() {
+                [one] if one.num_columns() == 1 => one.column(0).clone(),
+                _ => return Err(Error::corrupt(&file, "expected one batch with one column")),
+            };
+            let field = schema.field(0);
+            if entry.name == "weight" {
+                weight_hash = entry.hash.clone();
             }
+            fields.push(Field::new(
+                entry.name.as_str(),
+                field.data_type().clone(),
+                field.is_nullable(),
+            ));
+            columns.push(array);
         }
-        let rows = rows.ok_or_else(|| bad("no rows line".into()))?;
+        let rows = manifest.rows;
         if columns.iter().any(|c| c.len() != rows) {
             return Err(bad(format!("a column's length differs from rows={rows}")));
         }
@@ -302,9 +544,10 @@ impl Snapshot {
             number,
             path,
             batch,
-            fingerprint: fingerprint_line,
-            note,
-            created_unix_ms,
+            fingerprint: manifest.fingerprint,
+            note: manifest.note,
+            created_unix_ms: manifest.created_unix_ms,
+            parent: manifest.parent,
             rows_by_sample: OnceLock::new(),
             alias: OnceLock::new(),
             weight_hash,
@@ -324,6 +567,11 @@ impl Snapshot {
 
     pub fn created_unix_ms(&self) -> u64 {
         self.created_unix_ms
+    }
+
+    /// The head this snapshot was committed on, if recorded.
+    pub fn parent(&self) -> Option<u64> {
+        self.parent
     }
 
     pub fn number(&self) -> u64 {
@@ -397,12 +645,19 @@ impl Snapshot {
             let samples = self.sample_ids().values();
             let mut pos = 0usize;
             for row in (0..ids.len()).rev() {
-                if caches[pos].id() != ids[row] {
-                    pos = caches
-                        .binary_search_by_key(&ids[row], |c| c.id())
-                        .expect("validated on update");
+                if caches.get(pos).map(|c| c.id()) != Some(ids[row]) {
+                    // rows are validated on update; a crafted file only loses rows here
+                    match caches.binary_search_by_key(&ids[row], |c| c.id()) {
+                        Ok(found) => pos = found,
+                        Err(_) => continue,
+                    }
                 }
-                table[pos][samples[row] as usize] = row as u32;
+                if let Some(slot) = usize::try_from(samples[row])
+                    .ok()
+                    .and_then(|s| table[pos].get_mut(s))
+                {
+                    *slot = row as u32;
+                }
             }
             table
         });

@@ -72,11 +72,7 @@ pub fn validate_update(
     let mut seen = std::collections::HashSet::new();
     for field in schema.fields() {
         let name = field.name();
-        if name.is_empty() || name.chars().any(char::is_control) {
-            return Err(Error::invalid(format!(
-                "column name {name:?} is empty or has control characters"
-            )));
-        }
+        crate::store::check_column_name(name)?;
         if !seen.insert(name.as_str()) {
             return Err(Error::invalid(format!("column {name:?} appears twice")));
         }

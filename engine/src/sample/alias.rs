@@ -114,8 +114,9 @@ impl AliasTable {
                 .create_new(true)
                 .open(&tmp)
                 .map_err(Error::io(&tmp))?;
-            file.set_len((HEADER + n * 12) as u64)
-                .map_err(Error::io(&tmp))?;
+            // Allocate the blocks before mapping: on a full disk a write into
+            // a mapped page the disk cannot back is a SIGBUS, not an error.
+            crate::store::fs::allocate(&file, (HEADER + n * 12) as u64).map_err(Error::io(&tmp))?;
             // SAFETY: a fresh private temporary file that no one else maps.
             let mut map =
                 unsafe { MmapOptions::new().populate().map_mut(&file) }.map_err(Error::io(&tmp))?;

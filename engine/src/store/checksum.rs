@@ -26,6 +26,42 @@ pub fn crc32c_parts(parts: &[&[u8]]) -> u32 {
     digest.finalize() as u32
 }
 
+/// A writer that passes bytes on and keeps the CRC-32C and length of all it
+/// wrote, so a file's checksum costs no second read.
+pub struct CrcWriter<W> {
+    inner: W,
+    digest: Digest,
+    len: u64,
+}
+
+impl<W> CrcWriter<W> {
+    pub fn new(inner: W) -> Self {
+        CrcWriter {
+            inner,
+            digest: Digest::new(CrcAlgorithm::Crc32Iscsi),
+            len: 0,
+        }
+    }
+
+    /// The inner writer, the CRC-32C and the length of everything written.
+    pub fn finish(self) -> (W, u32, u64) {
+        (self.inner, self.digest.finalize() as u32, self.len)
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for CrcWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.digest.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

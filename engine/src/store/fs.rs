@@ -16,7 +16,30 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(Error::io(dir))
 }
 
-/// A name for a temporary sibling of `target`, unique across processes and threads.
+/// This machine's name as temporary names carry it (so that a process on
+/// another machine sharing the directory is never taken for a dead one here).
+fn host() -> &'static str {
+    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| {
+        let raw = fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let host: String = raw
+            .trim()
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '.')
+            .take(64)
+            .collect();
+        if host.is_empty() {
+            "localhost".into()
+        } else {
+            host
+        }
+    })
+}
+
+const TEMP_PREFIX: &str = ".tmp-";
+
+/// A name for a temporary sibling of `target`, unique across processes and
+/// threads: `.tmp-<pid>@<host>-<n>-<name>`.
 pub fn temp_sibling(target: &Path) -> PathBuf {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
@@ -24,7 +47,45 @@ pub fn temp_sibling(target: &Path) -> PathBuf {
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    target.with_file_name(format!(".tmp-{}-{n}-{name}", std::process::id()))
+    target.with_file_name(format!(
+        "{TEMP_PREFIX}{}@{}-{n}-{name}",
+        std::process::id(),
+        host()
+    ))
+}
+
+/// The process that made temporary entry `name` on this machine, if it was
+/// made here.
+fn temp_owner(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix(TEMP_PREFIX)?;
+    let (pid, rest) = rest.split_once('@')?;
+    let (owner_host, _) = rest.split_once('-')?;
+    (owner_host == host()).then(|| pid.parse().ok())?
+}
+
+/// Remove the temporary files and staging directories in `dir` left by
+/// processes of this machine that are gone (killed mid-build or mid-update).
+/// Entries of live processes and of other machines stay. Best effort: a
+/// directory that cannot be read is left alone.
+pub fn remove_stale_temps(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = temp_owner(&name) else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let path = entry.path();
+        let _ = if path.is_dir() {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        };
+    }
 }
 
 /// Write `bytes` to `path` through a temporary file, fsync, rename.
@@ -59,6 +120,26 @@ pub fn publish_no_replace(tmp: &Path, path: &Path) -> Result<bool> {
             source: e,
         }),
     }
+}
+
+/// Give `file` a length of `len` bytes with every block allocated, so that
+/// writes through a mapping cannot fail later (`ENOSPC` here instead of a
+/// `SIGBUS` there).
+pub fn allocate(file: &File, len: u64) -> std::io::Result<()> {
+    file.set_len(len)?;
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let len = libc::off_t::try_from(len)
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        // SAFETY: a valid open descriptor; posix_fallocate only reads its arguments.
+        let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
+        // EOPNOTSUPP/EINVAL: a filesystem without allocation; set_len stands
+        if rc != 0 && rc != libc::EOPNOTSUPP && rc != libc::EINVAL {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+    }
+    Ok(())
 }
 
 /// Map a file read-only as an Arrow buffer (the mapping lives as long as any

@@ -5,43 +5,60 @@
 
 use std::fs::File;
 use std::io::BufWriter;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::buffer::Buffer;
 use arrow::datatypes::SchemaRef;
+use arrow::error::ArrowError;
 use arrow::ipc::convert::fb_to_schema;
 use arrow::ipc::reader::{read_footer_length, FileDecoder};
 use arrow::ipc::writer::FileWriter;
 use arrow::ipc::{root_as_footer, Block};
 
+use super::checksum::CrcWriter;
 use super::fs::{map_buffer, temp_sibling};
 use crate::{Error, Result};
 
+/// A complete, fsynced temporary file, its CRC-32C and length.
+#[derive(Debug)]
+pub struct Written {
+    pub path: PathBuf,
+    pub crc: u32,
+    pub len: u64,
+}
+
 /// Write `batches` as an uncompressed Arrow IPC file at a temporary sibling
-/// of `path`, fsync it and return the temporary path (the caller publishes).
-pub fn write_temp(
-    path: &Path,
-    schema: &SchemaRef,
-    batches: &[RecordBatch],
-) -> Result<std::path::PathBuf> {
+/// of `path`, fsync it and return it (the caller publishes).
+pub fn write_temp(path: &Path, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Written> {
     let tmp = temp_sibling(path);
+    // Arrow reports a failed write (a full disk...) without the path: add it.
+    let arrow_err = |e: ArrowError| match e {
+        ArrowError::IoError(_, source) => Error::io(&tmp)(source),
+        other => Error::from(other),
+    };
     let result = (|| {
         let file = File::create(&tmp).map_err(Error::io(&tmp))?;
-        let mut writer = FileWriter::try_new(BufWriter::with_capacity(1 << 20, file), schema)?;
+        let sink = CrcWriter::new(BufWriter::with_capacity(1 << 20, file));
+        let mut writer = FileWriter::try_new(sink, schema).map_err(arrow_err)?;
         for batch in batches {
-            writer.write(batch)?;
+            writer.write(batch).map_err(arrow_err)?;
         }
-        writer.finish()?;
-        let file = writer
-            .into_inner()?
+        writer.finish().map_err(arrow_err)?;
+        let (buffered, crc, len) = writer.into_inner().map_err(arrow_err)?.finish();
+        let file = buffered
             .into_inner()
             .map_err(|e| Error::io(&tmp)(e.into_error()))?;
-        file.sync_all().map_err(Error::io(&tmp))
+        file.sync_all().map_err(Error::io(&tmp))?;
+        Ok((crc, len))
     })();
     match result {
-        Ok(()) => Ok(tmp),
+        Ok((crc, len)) => Ok(Written {
+            path: tmp,
+            crc,
+            len,
+        }),
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
             Err(e)
@@ -51,7 +68,11 @@ pub fn write_temp(
 
 /// Map an Arrow IPC file and decode its batches without copying the columns.
 pub fn read_mapped(path: &Path, what: &'static str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-    let buffer = map_buffer(path, what)?;
+    decode(path, map_buffer(path, what)?)
+}
+
+/// Decode the Arrow IPC file `buffer` (the bytes of `path`) without copying.
+pub fn decode(path: &Path, buffer: Buffer) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let len = buffer.len();
     let bad = |detail: String| Error::corrupt(path, detail);
     if len < 10 {

@@ -27,6 +27,32 @@ pub use manifest::Manifest;
 pub use reader::Cache;
 pub use writer::{CacheWriter, WriterOptions};
 
+/// Columns DatasetRT owns in every population: metadata may not use these
+/// keys (`weight` is the sampling weight the catalog keeps).
+pub const RESERVED_COLUMNS: [&str; 3] = ["cache_id", "sample_id", "weight"];
+
+/// Columns the `payloads` table adds to the identity: the index's fields and
+/// the payload itself. A metadata column of one of these names would collide
+/// with them in every `SELECT *` join.
+pub const PAYLOAD_COLUMNS: [&str; 5] = ["stored_len", "raw_len", "codec", "checksum", "data"];
+
+/// Check a user column name (a metadata key or an update's column): not
+/// empty, no control characters, not a `payloads` column.
+pub fn check_column_name(name: &str) -> crate::Result<()> {
+    if name.is_empty() || name.chars().any(char::is_control) {
+        return Err(crate::Error::invalid(format!(
+            "column name {name:?} is empty or has control characters"
+        )));
+    }
+    if PAYLOAD_COLUMNS.contains(&name) {
+        return Err(crate::Error::invalid(format!(
+            "column name {name:?} is taken by table `payloads` ({}); rename it, e.g. to \"{name}_\"",
+            PAYLOAD_COLUMNS.join(", ")
+        )));
+    }
+    Ok(())
+}
+
 /// Source names become directory names; keep them portable and unambiguous.
 pub fn validate_source_name(name: &str) -> crate::Result<()> {
     let ok = !name.is_empty()

@@ -19,10 +19,9 @@ use super::format::{
     encode_index_header, encode_shard_header, shard_file_name, IndexEntry, ATTRIBUTES_FILE,
     INDEX_FILE, MANIFEST_FILE, SHARD_HEADER_LEN,
 };
-use super::fs::{sync_dir, temp_sibling, write_atomic};
+use super::fs::{remove_stale_temps, sync_dir, temp_sibling, write_atomic};
 use super::manifest::Manifest;
 use super::{ipc, validate_source_name};
-use crate::catalog::RESERVED_COLUMNS;
 use crate::{Error, Result};
 
 /// How a cache is written.
@@ -100,6 +99,7 @@ impl CacheWriter {
             )));
         }
         fs::create_dir_all(root).map_err(Error::io(root))?;
+        remove_stale_temps(root);
         let staging = temp_sibling(&root.join(format!("staging-{name}")));
         fs::create_dir(&staging).map_err(Error::io(&staging))?;
 
@@ -222,7 +222,9 @@ impl CacheWriter {
             )));
         }
         for field in attributes.schema().fields() {
-            if RESERVED_COLUMNS.contains(&field.name().as_str()) {
+            super::check_column_name(field.name())
+                .map_err(|e| Error::invalid(format!("source {name:?}: metadata key: {e}")))?;
+            if super::RESERVED_COLUMNS.contains(&field.name().as_str()) {
                 return Err(Error::invalid(format!(
                     "source {name:?}: metadata key {:?} is reserved (cache_id, sample_id and weight are set by DatasetRT)",
                     field.name()
@@ -256,9 +258,8 @@ impl CacheWriter {
             &RecordBatchOptions::new().with_row_count(Some(n)),
         )?;
         let attributes_path = staging.join(ATTRIBUTES_FILE);
-        let tmp = ipc::write_temp(&attributes_path, &schema, &[batch])?;
-        fs::rename(&tmp, &attributes_path).map_err(Error::io(&attributes_path))?;
-        let attributes_bytes = fs::read(&attributes_path).map_err(Error::io(&attributes_path))?;
+        let attributes = ipc::write_temp(&attributes_path, &schema, &[batch])?;
+        fs::rename(&attributes.path, &attributes_path).map_err(Error::io(&attributes_path))?;
 
         let manifest = Manifest {
             name: name.clone(),
@@ -267,8 +268,8 @@ impl CacheWriter {
             codec: self.codec,
             shard_bytes: out.shard_bytes,
             index_crc32c,
-            attributes_bytes: attributes_bytes.len() as u64,
-            attributes_crc32c: crc32c(&attributes_bytes),
+            attributes_bytes: attributes.len,
+            attributes_crc32c: attributes.crc,
             created_unix_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)

@@ -55,7 +55,9 @@ fn updates_publish_numbered_snapshots_and_reopen_finds_the_newest() {
     let (dir, ds) = two_caches();
     let a = ds.caches()[0].id();
     let batch = frame(vec![a, a, a], vec![1, 1, 2], vec![0.5, 0.5, 2.0]);
-    let snap = ds.update(&batch.schema(), &[batch], "test").unwrap();
+    let snap = ds
+        .update(&batch.schema(), &[batch], "test", None, false)
+        .unwrap();
     assert_eq!(snap.number(), 1);
     assert_eq!(ds.snapshot_numbers().unwrap(), vec![0, 1]);
     let again = Dataset::open(&[dir.path().to_path_buf()], OpenOptions::default()).unwrap();
@@ -82,7 +84,9 @@ fn rejected_updates_change_nothing() {
         frame(vec![], vec![], vec![]),
     ];
     for batch in cases {
-        let err = ds.update(&batch.schema(), &[batch], "test").unwrap_err();
+        let err = ds
+            .update(&batch.schema(), &[batch], "test", None, false)
+            .unwrap_err();
         assert!(matches!(err, Error::InvalidInput(_)), "{err}");
     }
     assert_eq!(ds.snapshot().number(), 0);
@@ -105,7 +109,7 @@ fn narrow_integer_identities_are_widened_and_weight_defaults_to_one() {
         ],
     )
     .unwrap();
-    let snap = ds.update(&schema, &[batch], "test").unwrap();
+    let snap = ds.update(&schema, &[batch], "test", None, false).unwrap();
     let s = snap.batch();
     assert_eq!(
         s.column_by_name("sample_id")
@@ -121,4 +125,180 @@ fn narrow_integer_identities_are_widened_and_weight_defaults_to_one() {
         .as_primitive::<Float64Type>();
     assert_eq!(w.values().to_vec(), vec![1.0, 1.0]);
     assert_eq!(w.null_count(), 0);
+}
+
+fn reopen(dir: &tempfile::TempDir) -> datasetrt::Result<Dataset> {
+    Dataset::open(&[dir.path().to_path_buf()], OpenOptions::default())
+}
+
+#[test]
+fn an_update_derived_from_an_older_head_is_a_conflict_that_changes_nothing() {
+    let (dir, ds) = two_caches();
+    let other = reopen(&dir).unwrap();
+    let a = ds.caches()[0].id();
+    let batch = frame(vec![a], vec![1], vec![1.0]);
+    ds.update(
+        &batch.schema(),
+        std::slice::from_ref(&batch),
+        "first",
+        None,
+        false,
+    )
+    .unwrap();
+    let err = other
+        .update(
+            &batch.schema(),
+            std::slice::from_ref(&batch),
+            "second",
+            None,
+            false,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Conflict {
+                base: 0,
+                head: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(ds.snapshot_numbers().unwrap(), vec![0, 1]);
+    assert_eq!(reopen(&dir).unwrap().snapshot().note(), "first");
+    // after a refresh the same update lands on top of the first
+    assert_eq!(other.refresh().unwrap().number(), 1);
+    let snap = other
+        .update(
+            &batch.schema(),
+            std::slice::from_ref(&batch),
+            "second",
+            None,
+            false,
+        )
+        .unwrap();
+    assert_eq!((snap.number(), snap.parent()), (2, Some(1)));
+    // force commits whatever the head; an explicit base names the head it read
+    let snap = ds
+        .update(
+            &batch.schema(),
+            std::slice::from_ref(&batch),
+            "forced",
+            None,
+            true,
+        )
+        .unwrap();
+    assert_eq!((snap.number(), snap.parent()), (3, Some(2)));
+    let snap = other
+        .update(&batch.schema(), &[batch], "based", Some(3), false)
+        .unwrap();
+    assert_eq!(snap.number(), 4);
+}
+
+#[test]
+fn the_head_names_the_population_and_its_loss_is_an_error_never_a_fallback() {
+    let (dir, ds) = two_caches();
+    let a = ds.caches()[0].id();
+    let batch = frame(vec![a], vec![1], vec![1.0]);
+    ds.update(&batch.schema(), &[batch], "one", None, false)
+        .unwrap();
+    ds.checkout(0).unwrap();
+    // checkout moved the head: a new process opens snapshot 0, not the newest
+    assert_eq!(reopen(&dir).unwrap().snapshot().number(), 0);
+    ds.checkout(1).unwrap();
+    let manifest = ds.snapshot().path().to_path_buf();
+    std::fs::rename(&manifest, manifest.with_extension("bak")).unwrap();
+    match reopen(&dir).unwrap_err() {
+        Error::NotFound { path, .. } => assert_eq!(path, manifest),
+        other => panic!("expected NotFound, got {other}"),
+    }
+    std::fs::rename(manifest.with_extension("bak"), &manifest).unwrap();
+    let head = ds.snapshot_dir().join("HEAD");
+    std::fs::remove_file(&head).unwrap();
+    match reopen(&dir).unwrap_err() {
+        Error::Corrupt { path, .. } => assert_eq!(path, head),
+        other => panic!("expected Corrupt, got {other}"),
+    }
+}
+
+#[test]
+fn a_damaged_snapshot_column_is_an_error_naming_the_file() {
+    let (dir, ds) = two_caches();
+    let columns = ds.snapshot_dir().join("columns");
+    let mut files: Vec<_> = std::fs::read_dir(&columns)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "arrow"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 4);
+    for file in files {
+        let good = std::fs::read(&file).unwrap();
+        for at in [0, good.len() / 2, good.len() - 1] {
+            let mut bad = good.clone();
+            bad[at] ^= 0x40;
+            std::fs::write(&file, &bad).unwrap();
+            match reopen(&dir).unwrap_err() {
+                Error::Corrupt { path, .. } => assert_eq!(path, file),
+                other => panic!("flip at {at} of {}: {other}", file.display()),
+            }
+        }
+        std::fs::write(&file, &good[..good.len() - 8]).unwrap();
+        assert!(matches!(reopen(&dir), Err(Error::Corrupt { .. })));
+        std::fs::write(&file, &good).unwrap();
+        assert_eq!(reopen(&dir).unwrap().snapshot().num_rows(), 15);
+    }
+}
+
+/// A bounded exhaustive fuzz of the snapshot manifest reader: every single
+/// flipped bit and every truncation is refused or reads the same manifest,
+/// and none panics.
+#[test]
+fn every_flip_or_cut_of_a_snapshot_manifest_is_refused_without_a_panic() {
+    let (dir, ds) = two_caches();
+    let a = ds.caches()[0].id();
+    let batch = frame(vec![a, a], vec![1, 2], vec![1.0, 3.0]);
+    let note = "line one\nline two % 100%";
+    ds.update(&batch.schema(), &[batch], note, None, false)
+        .unwrap();
+    let snap_dir = ds.snapshot_dir().to_path_buf();
+    let path = snap_dir.join(datasetrt::Snapshot::file_name(1));
+    let good = std::fs::read(&path).unwrap();
+    let expected = datasetrt::catalog::read_manifest(&snap_dir, 1).unwrap();
+    assert_eq!(expected.note, note);
+    assert_eq!(reopen(&dir).unwrap().snapshot().note(), note);
+    let mut refused = 0;
+    let mut trials = 0;
+    for at in 0..good.len() {
+        for bit in [0x01u8, 0x20, 0x80] {
+            let mut bad = good.clone();
+            bad[at] ^= bit;
+            std::fs::write(&path, &bad).unwrap();
+            trials += 1;
+            match datasetrt::catalog::read_manifest(&snap_dir, 1) {
+                Err(_) => refused += 1,
+                Ok(m) => assert_eq!(
+                    (m.rows, &m.note, m.columns.len()),
+                    (expected.rows, &expected.note, expected.columns.len()),
+                    "flip {bit:#x} at {at} read a different manifest"
+                ),
+            }
+        }
+    }
+    for len in 0..good.len() {
+        std::fs::write(&path, &good[..len]).unwrap();
+        trials += 1;
+        match datasetrt::catalog::read_manifest(&snap_dir, 1) {
+            Err(_) => refused += 1,
+            Ok(m) => assert_eq!(m.note, expected.note, "cut at {len}"),
+        }
+    }
+    // what is read is never a different manifest (checked above); what is
+    // refused is nearly everything (a flip of a checksum digit's case, or the
+    // cut of the last newline, still reads the same manifest)
+    assert!(
+        refused * 100 >= trials * 95,
+        "{refused} of {trials} refused"
+    );
 }

@@ -25,7 +25,7 @@ async fn group_by_over_the_snapshot_and_follow_updates() {
         .sql("SELECT * FROM metadata WHERE split = 'val'")
         .await
         .unwrap();
-    let snap = ds.update(&schema, &batches, "test").unwrap();
+    let snap = ds.update(&schema, &batches, "test", None, false).unwrap();
     session.set_snapshot(&snap).unwrap();
     let (_, batches) = session.sql("SELECT count(*) FROM metadata").await.unwrap();
     assert_eq!(column(&batches, 0), vec![6]);

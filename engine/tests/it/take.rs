@@ -19,7 +19,7 @@ fn record(k: u64, i: u64) -> Vec<u8> {
     let mut state = k * 1_000_003 + i + 1;
     (0..len)
         .map(|j| {
-            if i % 3 == 0 {
+            if i.is_multiple_of(3) {
                 state ^= state << 13;
                 state ^= state >> 7;
                 state ^= state << 17;

@@ -1,0 +1,157 @@
+//! The commit protocol: which snapshot is the population, and how a new one
+//! becomes it without losing another writer's update.
+//!
+//! A snapshot directory holds numbered, immutable snapshot manifests and one
+//! small head record (`HEAD`) naming the current one. The protocol needs two
+//! primitives, which object storage offers as conditional writes:
+//!
+//! * **create-if-absent** of snapshot manifest `N` (here: a hard link, which
+//!   fails if the name exists; on object storage: `PutMode::Create`). A number
+//!   another writer took is skipped, never overwritten;
+//! * **compare-and-swap** of the head (here: read, compare and rename under
+//!   an exclusive lock on `HEAD.lock`; on object storage: `PutMode::Update`
+//!   with the version the head was read at).
+//!
+//! A commit derived from snapshot `B` stores its columns, creates the next
+//! free manifest `N` (recording `parent=B`) and swaps the head from `B` to
+//! `N`. If the head is no longer `B`, another writer committed in between:
+//! the commit fails with [`Error::Conflict`] naming both snapshots, unless the
+//! caller forces it. A crash between the two steps leaves an unreferenced
+//! manifest, which the head never names and the next commit skips.
+//!
+//! Here the lock is held for the whole commit, so `cleanup` (which deletes
+//! files no kept snapshot names) never removes the columns of a commit in
+//! flight.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use super::snapshot::Snapshot;
+use crate::store::checksum::crc32c;
+use crate::store::fs;
+use crate::{Error, Result};
+
+/// The head record, inside a snapshot directory.
+pub const HEAD_FILE: &str = "HEAD";
+const LOCK_FILE: &str = "HEAD.lock";
+const HEADER: &str = "datasetrt-head 1";
+
+/// An exclusive lock on a snapshot directory's commits, released on drop
+/// (and by the kernel when the process dies, so a killed writer never
+/// blocks the next one).
+pub struct CommitLock {
+    _file: File,
+}
+
+/// Take the commit lock of `dir`, waiting for another writer to finish.
+pub fn lock(dir: &Path) -> Result<CommitLock> {
+    let path = dir.join(LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(Error::io(&path))?;
+    file.lock().map_err(Error::io(&path))?;
+    Ok(CommitLock { _file: file })
+}
+
+fn head_path(dir: &Path) -> PathBuf {
+    dir.join(HEAD_FILE)
+}
+
+/// The snapshot number the head names, or `None` when there is no head
+/// record yet. A damaged head is an error naming it, never a guess.
+pub fn read_head(dir: &Path) -> Result<Option<u64>> {
+    let path = head_path(dir);
+    let raw = match std::fs::read(&path) {
+        Ok(raw) => raw,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(&path)(e)),
+    };
+    parse_head(&raw).map(Some).ok_or_else(|| {
+        Error::corrupt(
+            &path,
+            "the head record (which snapshot is the population) is damaged",
+        )
+    })
+}
+
+fn encode_head(number: u64) -> String {
+    let body = format!("{HEADER}\nsnapshot={number}\n");
+    let crc = crc32c(body.as_bytes());
+    format!("{body}checksum={crc:08x}\n")
+}
+
+fn parse_head(raw: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(raw).ok()?;
+    let split = text.rfind("checksum=")?;
+    let hex = text[split + 9..].strip_suffix('\n')?;
+    if hex.len() != 8 {
+        return None;
+    }
+    let stored = u32::from_str_radix(hex, 16).ok()?;
+    if crc32c(&raw[..split]) != stored {
+        return None;
+    }
+    let mut lines = text[..split].lines();
+    if lines.next()? != HEADER {
+        return None;
+    }
+    lines.next()?.strip_prefix("snapshot=")?.parse().ok()
+}
+
+/// Point the head at `number` (atomically: a temporary file renamed over it).
+/// Call it holding [`lock`].
+pub fn write_head(dir: &Path, number: u64, _lock: &CommitLock) -> Result<()> {
+    fs::write_atomic(&head_path(dir), encode_head(number).as_bytes())
+}
+
+/// The snapshot the head names. A dataset whose snapshots were written
+/// before heads existed (version-1 manifests, no `HEAD`) adopts its newest;
+/// any other snapshot directory without a head is an error, since guessing
+/// could silently revert the population.
+pub fn current(dir: &Path, numbers: &[u64]) -> Result<Option<u64>> {
+    if let Some(n) = read_head(dir)? {
+        return Ok(Some(n));
+    }
+    let Some(&newest) = numbers.last() else {
+        return Ok(None);
+    };
+    let guard = lock(dir)?;
+    if let Some(n) = read_head(dir)? {
+        return Ok(Some(n)); // another process adopted or created it meanwhile
+    }
+    if super::snapshot::read_manifest(dir, newest)?.version == 1 {
+        write_head(dir, newest, &guard)?;
+        return Ok(Some(newest));
+    }
+    Err(Error::corrupt(
+        head_path(dir),
+        format!(
+            "the head record is missing while snapshots {:?} exist; it names the current \
+             population, so none is guessed (snapshot manifests are {}/{})",
+            numbers,
+            dir.display(),
+            Snapshot::file_name(newest)
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_head_round_trips_and_any_damage_is_refused() {
+        let text = encode_head(42);
+        assert_eq!(parse_head(text.as_bytes()), Some(42));
+        for i in 0..text.len() {
+            let mut bytes = text.clone().into_bytes();
+            bytes[i] ^= 0x01;
+            assert_ne!(parse_head(&bytes), Some(42), "flip at byte {i} went unseen");
+        }
+        assert_eq!(parse_head(&text.as_bytes()[..text.len() - 3]), None);
+        assert_eq!(parse_head(b""), None);
+    }
+}

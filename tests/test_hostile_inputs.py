@@ -1,0 +1,136 @@
+"""Inputs a careless or hostile user tries: each is refused with a typed
+error naming the culprit (never OverflowError, TypeError or a crash), or
+stored exactly as documented, and a refusal changes nothing."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+import datasetrt as drt
+from conftest import run_child
+from datasetrt import InvalidInputError
+
+
+@pytest.fixture
+def ds(two_caches):
+    return two_caches[0]
+
+
+def unchanged(ds, version, meta):
+    assert ds.version == version and ds.get_metadata().equals(meta)
+
+
+BIG = [2**64, 2**70, -(2**64)]
+
+
+@pytest.mark.parametrize("value", BIG)
+def test_numbers_past_64_bits_are_invalid_input_not_overflow(ds, value):
+    cid = ds.caches[0]["cache_id"]
+    version, meta = ds.version, ds.get_metadata()
+    calls = [
+        lambda: ds.get_item(value, 0),
+        lambda: ds.get_item(cid, value),
+        lambda: ds.loader(batch_size=value, seed=1),
+        lambda: ds.loader(seed=1, epoch=value),
+        lambda: ds.loader(seed=1, epoch_len=value if value > 0 else -1, rank=0, world_size=1),
+        lambda: ds.loader(seed=1, rank=0, world_size=value),
+        lambda: ds.loader(seed=1, prefetch_bytes=value),
+        lambda: ds.draws(1, epoch=value),
+        lambda: ds.draws(1, start=abs(value), count=1),
+        lambda: ds.checkout(value),
+        lambda: ds.tag("big", value),
+        lambda: ds.cleanup(value),
+        lambda: ds.update_metadata(meta, base=value),
+    ]
+    for i, call in enumerate(calls):
+        with pytest.raises(InvalidInputError):
+            call()
+            pytest.fail(f"call {i} accepted {value}")
+    unchanged(ds, version, meta)
+
+
+def test_signed_64_bit_numbers_stop_at_2_63(ds):
+    cid = ds.caches[0]["cache_id"]
+    for call in (
+        lambda: ds.get_item(cid, 2**63),
+        lambda: ds.get_item(2**63, 0),
+        lambda: ds.checkout(2**63),
+        lambda: ds.update_metadata(ds.get_metadata(), base=2**63),
+    ):
+        with pytest.raises(InvalidInputError):
+            call()
+
+
+@pytest.mark.parametrize("value", [-1, -(2**40)])
+def test_negative_snapshot_numbers_are_invalid_input(ds, value):
+    for call in (ds.checkout, lambda v: ds.tag("neg", v), ds.cleanup):
+        with pytest.raises(InvalidInputError):
+            call(value)
+
+
+def test_non_integer_ids_are_invalid_input_not_type_error(ds):
+    cid = ds.caches[0]["cache_id"]
+    for bad in (1.5, "3", None, b"1", True):
+        with pytest.raises(InvalidInputError, match="sample_id"):
+            ds.get_item(cid, bad)
+        with pytest.raises(InvalidInputError, match="cache_id"):
+            ds.get_item(bad, 0)
+
+
+def test_an_unallocatable_draw_count_is_refused_not_an_abort(ds):
+    # in a child: before the fix this aborted the whole process (a 4 TB allocation)
+    out = run_child(
+        """
+import sys, datasetrt as drt
+ds = drt.open(sys.argv[1])
+try:
+    ds.draws(7, count=10**12)
+except drt.InvalidInputError as e:
+    print("refused", "count" in str(e))
+""",
+        ds.caches[0]["path"].parent,
+    )
+    assert out.split() == ["refused", "True"]
+    assert ds.draws(7, count=5).len() == 5
+
+
+def test_a_source_name_too_long_for_the_filesystem_is_invalid_input(tmp_path, source):
+    with pytest.raises(InvalidInputError, match="source name"):
+        drt.build(tmp_path, [source("x" * 300, 3)], progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_all_none_key_is_a_null_column(tmp_path, source):
+    src = source("nulls-v1", 4, meta=lambda i: {"label": i, "nothing": None})
+    ds = drt.build(tmp_path, [src], progress=False)
+    meta = ds.get_metadata()
+    assert meta.schema["nothing"] == pl.Null and meta["nothing"].null_count() == 4
+    assert ds.sql("SELECT count(*) AS n FROM metadata WHERE nothing IS NULL")["n"][0] == 4
+    ds.update_metadata(meta.head(2))
+    assert drt.open(tmp_path).get_metadata()["nothing"].to_list() == [None, None]
+
+
+def test_python_object_columns_are_refused(ds):
+    version, meta = ds.version, ds.get_metadata()
+    objects = meta.with_columns(pl.Series("obj", [object()] * meta.height, dtype=pl.Object))
+    with pytest.raises(InvalidInputError, match="'obj'"):
+        ds.update_metadata(objects)
+    with pytest.raises(InvalidInputError, match="'obj'"):
+        ds.register("objs", objects)
+    unchanged(ds, version, meta)
+
+
+@pytest.mark.parametrize("name", ["data", "raw_len", "codec"])
+def test_a_metadata_column_named_like_a_payloads_column_is_refused(tmp_path, ds, source, name):
+    with pytest.raises(InvalidInputError, match=f'"{name}".*payloads'):
+        drt.build(tmp_path / "new", [source("clash-v1", 3, meta=lambda i: {name: i})])
+    assert not (tmp_path / "new" / "clash-v1").exists()
+    version, meta = ds.version, ds.get_metadata()
+    with pytest.raises(InvalidInputError, match="payloads"):
+        ds.update_metadata(meta.with_columns(pl.lit(1).alias(name)))
+    unchanged(ds, version, meta)
+    # the documented way: another name, and SELECT * joins work
+    ds.update_metadata(meta.with_columns(pl.lit(1).alias(f"{name}_")))
+    joined = ds.sql("SELECT * FROM metadata JOIN payloads USING (cache_id, sample_id) LIMIT 3")
+    assert {f"{name}_", "data"} <= set(joined.columns)

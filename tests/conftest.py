@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -67,6 +68,18 @@ def run_child(script: str, *args: object) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+@pytest.fixture(autouse=True)
+def sigint_handler_is_restored():
+    """A test that leaves Ctrl-C ignored (SIG_IGN/SIG_DFL) would make a later
+    interrupt a no-op (and the Ctrl-C test run its query for minutes): put the
+    handler back and fail the test that changed it."""
+    yield
+    handler = signal.getsignal(signal.SIGINT)
+    if handler is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        pytest.fail(f"the test left SIGINT handled by {handler!r}")
 
 
 @pytest.fixture

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import _thread
+import os
+import signal
 import threading
 import time
 import zlib
@@ -156,7 +157,11 @@ def test_ctrl_c_stops_a_long_query_and_the_dataset_stays_usable(ds):
         "SELECT sum(a.quality * b.quality * c.quality * d.quality) AS s "
         "FROM metadata a, metadata b, metadata c, metadata d"
     )
-    timer = threading.Timer(1.0, _thread.interrupt_main)  # as Ctrl-C would
+    # A real SIGINT, as Ctrl-C sends, with Python's own handler installed for
+    # this test: an interrupt that some earlier code left ignored (SIG_IGN or
+    # SIG_DFL make interrupt_main() a no-op) would let the query run on.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     started = time.monotonic()
     try:
@@ -164,6 +169,7 @@ def test_ctrl_c_stops_a_long_query_and_the_dataset_stays_usable(ds):
             ds.sql(endless)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < 10
     # the query is cancelled, not left running in the background
     cpu, wall = time.process_time(), time.monotonic()

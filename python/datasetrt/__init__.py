@@ -27,7 +27,7 @@ from typing import Any
 from . import exceptions
 from ._build import CacheInput, check_names, write_source
 from ._native import __version__
-from .dataset import Batch, Dataset, Loader, PathLike, Sample
+from .dataset import Dataset, PathLike
 from .exceptions import (
     CacheNotFoundError,
     ConflictError,
@@ -38,6 +38,7 @@ from .exceptions import (
     StorageError,
     UnsupportedFormatError,
 )
+from .loader import Batch, Loader, Sample
 
 __all__ = [
     "Batch",

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import polars as pl
 
 from . import _native
-from .dataset import arrow_stream
+from ._arrow import arrow_stream
 from .exceptions import InvalidInputError
 
 RESERVED = tuple(_native.RESERVED_COLUMNS)

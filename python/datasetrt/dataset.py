@@ -1,9 +1,8 @@
-"""The user-facing :class:`Dataset` and :class:`Sample`."""
+"""The user-facing :class:`Dataset`: caches, metadata snapshots, SQL and reading."""
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,91 +10,20 @@ from typing import Any
 import polars as pl
 
 from . import _native
-from .exceptions import CacheNotFoundError, DatasetRTError, InvalidInputError
+from ._arrow import arrow_stream
+from ._state import (
+    MAX_DRAWS,
+    U64,
+    check_epoch,
+    check_int,
+    check_seed,
+    check_version,
+    distributed_defaults,
+)
+from .exceptions import CacheNotFoundError, InvalidInputError
+from .loader import Loader, Sample
 
 PathLike = str | os.PathLike[str]
-
-_U64 = 1 << 64
-
-#: The most draws :meth:`Dataset.draws` returns at once (4 bytes each: 8 GiB);
-#: read longer sequences in parts with ``start``, or through a loader.
-MAX_DRAWS = 1 << 31
-
-
-class Sample:
-    """One sample: its payload ``data`` (bytes), identity and metadata.
-
-    ``metadata`` is the sample's row in the population the sample was read
-    from (updated values and added columns included), built on first access;
-    it is ``None`` for a stored sample that is not in that population.
-    """
-
-    __slots__ = ("_frame", "_metadata", "_row", "cache_id", "data", "sample_id")
-
-    def __init__(
-        self,
-        data: bytes,
-        cache_id: int,
-        sample_id: int,
-        row: int | None,
-        frame: pl.DataFrame | None,
-    ):
-        self.data = data
-        self.cache_id = cache_id
-        self.sample_id = sample_id
-        self._row = row
-        self._frame = frame
-        self._metadata: dict[str, Any] | None = None
-
-    @property
-    def metadata(self) -> dict[str, Any] | None:
-        if self._metadata is None and self._row is not None and self._frame is not None:
-            self._metadata = self._frame.row(self._row, named=True)
-        return self._metadata
-
-    def __repr__(self) -> str:
-        return (
-            f"Sample(cache_id={self.cache_id}, sample_id={self.sample_id}, {len(self.data)} bytes)"
-        )
-
-
-def arrow_stream(data: Any, what: str) -> tuple[Any, list[str]]:
-    """``data`` as an object with ``__arrow_c_stream__`` (a LazyFrame is
-    collected), and the names of its all-null (``Null``) columns.
-
-    Polars exports a ``Null`` column in a form the Arrow C data interface
-    does not allow, so such columns travel as all-null Booleans and the
-    native side restores them (see ``python/src/arrow_in.rs``).
-    """
-    if isinstance(data, pl.LazyFrame):
-        data = data.collect()
-    nulls: list[str] = []
-    if isinstance(data, pl.DataFrame):
-        objects = [n for n, t in data.schema.items() if t == pl.Object]
-        if objects:
-            raise InvalidInputError(
-                f"{what}: column {objects[0]!r} holds Python objects (polars Object), which "
-                f"cannot be stored; convert it to a number, string or bytes column first"
-            )
-        nulls = [n for n, t in data.schema.items() if t == pl.Null]
-        if nulls:
-            data = data.with_columns(pl.col(nulls).cast(pl.Boolean))
-    if not hasattr(data, "__arrow_c_stream__"):
-        raise InvalidInputError(
-            f"{what} takes a polars DataFrame or LazyFrame or an object with "
-            f"__arrow_c_stream__, not {type(data).__name__}"
-        )
-    return data, nulls
-
-
-def _check_seed(seed: object) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise InvalidInputError(
-            f"seed must be an int (got {seed!r}); sampling is never silently random"
-        )
-    if not 0 <= seed < _U64:
-        raise InvalidInputError(f"seed must be in [0, 2**64), got {seed}")
-    return seed
 
 
 class Dataset:
@@ -477,9 +405,9 @@ class Dataset:
         if count is None:  # one epoch
             count = self._native.draw_counts(None, sampling, epoch_len, 1, 1, False)[0]
         table = self._native.draw_rows(
-            _check_seed(seed),
+            check_seed(seed),
             check_epoch(epoch),
-            check_int(start, "start", 0, _U64 - 1 - MAX_DRAWS),
+            check_int(start, "start", 0, U64 - 1 - MAX_DRAWS),
             check_int(count, "count", 0, MAX_DRAWS),
             sampling,
             epoch_len,
@@ -491,251 +419,3 @@ class Dataset:
         from .torch import TorchDataset
 
         return TorchDataset(self, batch_size=batch_size, seed=seed, epoch=epoch, **options)
-
-
-def check_int(value: object, name: str, low: int = 0, high: int = _U64 - 1) -> int:
-    """``value`` as an int in ``[low, high]``, else :class:`InvalidInputError`
-    (never a TypeError or OverflowError from the native layer)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInputError(f"{name} must be an int, got {value!r}")
-    if not low <= value <= high:
-        raise InvalidInputError(f"{name} must be in [{low}, {high}], got {value}")
-    return value
-
-
-def check_epoch(epoch: object) -> int:
-    return check_int(epoch, "epoch")
-
-
-def check_version(version: object, name: str = "snapshot") -> int:
-    return check_int(version, name, 0, (1 << 63) - 1)
-
-
-class Batch:
-    """One batch from a loader: columnar access plus lazily built samples.
-
-    ``data`` is the list of payloads; ``cache_id``/``sample_id``/``rows`` are
-    lists of ints (``rows`` index the loader's snapshot); ``metadata`` is a
-    polars DataFrame of the batch's rows, built on first access.
-    """
-
-    __slots__ = ("_frame", "_metadata", "cache_id", "data", "rows", "sample_id")
-
-    def __init__(
-        self,
-        rows: list[int],
-        cache_id: list[int],
-        sample_id: list[int],
-        data: list[bytes],
-        frame: pl.DataFrame,
-    ):
-        self.rows = rows
-        self.cache_id = cache_id
-        self.sample_id = sample_id
-        self.data = data
-        self._frame = frame
-        self._metadata: pl.DataFrame | None = None
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    @property
-    def metadata(self) -> pl.DataFrame:
-        if self._metadata is None:
-            self._metadata = self._frame[self.rows]
-        return self._metadata
-
-    def __iter__(self) -> Iterator[Sample]:
-        frame, cids, sids, rows = self._frame, self.cache_id, self.sample_id, self.rows
-        for i, data in enumerate(self.data):
-            yield Sample(data, cids[i], sids[i], rows[i], frame)
-
-    def __repr__(self) -> str:
-        return f"<datasetrt.Batch of {len(self)} samples>"
-
-
-STATE_FORMAT = "datasetrt-loader-state"
-
-
-def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Fill in rank and world size from torch.distributed or RANK/WORLD_SIZE."""
-    if rank is None or world_size is None:
-        found = None
-        # torch.distributed can only be initialised if it was imported: never import it here
-        dist = sys.modules.get("torch.distributed")
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            found = (dist.get_rank(), dist.get_world_size())
-        if found is None and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            try:
-                found = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
-            except ValueError:
-                raise InvalidInputError(
-                    f"RANK={os.environ['RANK']!r} and WORLD_SIZE={os.environ['WORLD_SIZE']!r} "
-                    f"must be integers"
-                ) from None
-        found = found or (0, 1)
-        rank = found[0] if rank is None else rank
-        world_size = found[1] if world_size is None else world_size
-    check_int(rank, "rank", 0, (1 << 32) - 1)
-    check_int(world_size, "world_size", 0, (1 << 32) - 1)
-    if not 0 <= rank < world_size:
-        raise InvalidInputError(f"rank {rank} is not in 0..world_size ({world_size})")
-    return rank, world_size
-
-
-def make_state(
-    dataset: Dataset,
-    *,
-    seed: int,
-    epoch: int,
-    sampling: str,
-    epoch_len: int,
-    batch_size: int,
-    snapshot: int,
-    position: int,
-) -> dict[str, Any]:
-    """A loader state: plain, JSON-serialisable data."""
-    return {
-        "format": STATE_FORMAT,
-        "version": 1,
-        "seed": seed,
-        "epoch": epoch,
-        "sampling": sampling,
-        "epoch_len": epoch_len,
-        "batch_size": batch_size,
-        "snapshot": snapshot,
-        "fingerprint": dataset._native.fingerprint_of(snapshot),
-        "position": position,
-    }
-
-
-def check_state(dataset: Dataset, state: Any, batch_size: int) -> dict[str, Any]:
-    """Validate a loader state against the dataset; returns it."""
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        raise InvalidInputError(f"resume takes a Loader.state_dict(), not {state!r}")
-    try:
-        fingerprint = dataset._native.fingerprint_of(state["snapshot"])
-    except DatasetRTError as exc:
-        raise InvalidInputError(
-            f"the state was saved at snapshot {state['snapshot']}, which this dataset does "
-            f"not have ({exc})"
-        ) from None
-    if fingerprint != state["fingerprint"]:
-        raise InvalidInputError(
-            f"the state was saved at snapshot {state['snapshot']} with fingerprint "
-            f"{state['fingerprint']}, but that snapshot now has fingerprint {fingerprint}"
-        )
-    if state["position"] % batch_size:
-        raise InvalidInputError(
-            f"position {state['position']} is not a multiple of batch_size {batch_size}; "
-            f"resume with batch_size={state['batch_size']}"
-        )
-    return state
-
-
-class Loader:
-    """Iterator over :class:`Batch` objects; see :meth:`Dataset.loader`."""
-
-    def __init__(
-        self,
-        dataset: Dataset,
-        *,
-        batch_size: int,
-        seed: int | None,
-        epoch: int,
-        threads: int | None,
-        prefetch_bytes: int,
-        prefetch_batches: int,
-        drop_last: bool,
-        sampling: str = "replacement",
-        epoch_len: int | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-        worker: int = 0,
-        num_workers: int = 1,
-        resume: dict[str, Any] | None = None,
-        snapshot: int | None = None,
-    ):
-        for name, value, low in (
-            ("batch_size", batch_size, 1),
-            ("prefetch_bytes", prefetch_bytes, 1),
-            ("prefetch_batches", prefetch_batches, 1),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise InvalidInputError(f"{name} must be a positive int, got {value!r}")
-        check_int(batch_size, "batch_size", 1, MAX_DRAWS)
-        check_int(prefetch_bytes, "prefetch_bytes", 1, (1 << 63) - 1)
-        check_int(prefetch_batches, "prefetch_batches", 1, 1 << 20)
-        if threads is not None:
-            check_int(threads, "threads", 1, 1024)
-        if epoch_len is not None:
-            check_int(epoch_len, "epoch_len", 1)
-        start_block = 0
-        if resume is not None:
-            state = check_state(dataset, resume, batch_size)
-            seed, epoch, sampling = state["seed"], state["epoch"], state["sampling"]
-            epoch_len, snapshot = state["epoch_len"], state["snapshot"]
-            start_block = state["position"] // batch_size
-        if snapshot is None or snapshot == dataset.version:
-            self._frame = dataset.get_metadata()
-            snapshot = dataset.version
-        else:
-            self._frame = pl.DataFrame(dataset._native.metadata(snapshot))
-        self.snapshot = snapshot
-        self._native = dataset._native.loader(
-            _check_seed(seed),
-            check_epoch(epoch),
-            batch_size,
-            start_block=start_block,
-            drop_last=drop_last,
-            rank=rank,
-            world_size=world_size,
-            worker=worker,
-            num_workers=num_workers,
-            prefetch_bytes=prefetch_bytes,
-            prefetch_batches=prefetch_batches,
-            concurrency=threads,
-            snapshot=snapshot,
-            sampling=sampling,
-            epoch_len=epoch_len,
-        )
-        self._state = make_state(
-            dataset,
-            seed=seed,
-            epoch=epoch,
-            sampling=sampling,
-            epoch_len=self._native.epoch_len,
-            batch_size=batch_size,
-            snapshot=snapshot,
-            position=0,
-        )
-        self._start_block = start_block
-        self._stride = world_size * num_workers
-        self._delivered = 0
-
-    def state_dict(self) -> dict[str, Any]:
-        """A small JSON-serialisable state: resume with ``Dataset.loader(resume=state)``.
-
-        ``position`` counts the draws of the global sequence consumed so far:
-        this loader's batches times the readers running side by side (ranks in
-        lockstep, as distributed training runs them).
-        """
-        blocks = self._start_block + self._delivered * self._stride
-        position = min(blocks * self._state["batch_size"], self._native.total_draws)
-        return {**self._state, "position": position}
-
-    def __iter__(self) -> Loader:
-        return self
-
-    def __next__(self) -> Batch:
-        rows, cache_id, sample_id, data = next(self._native)
-        self._delivered += 1
-        return Batch(rows, cache_id, sample_id, data, self._frame)
-
-    def explain(self) -> str:
-        """The loader's physical plan (``SampleExec → PayloadTakeExec``)."""
-        return self._native.explain()
-
-    def metrics(self) -> str:
-        """The plan with its metrics so far: rows, payload bytes, read time."""
-        return self._native.metrics()

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .dataset import Batch, Loader, check_state, distributed_defaults, make_state
+from ._state import check_state, distributed_defaults, make_state
+from .loader import Batch, Loader
 
 if TYPE_CHECKING:
     from .dataset import Dataset

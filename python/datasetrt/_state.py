@@ -1,0 +1,138 @@
+"""Argument checks and loader states: the rules the Python layer owns.
+
+Every integer argument is checked here before it reaches the native layer, so
+a bad value raises :class:`InvalidInputError` (never a ``TypeError`` or an
+``OverflowError`` from PyO3). A loader state is a plain, JSON-serialisable
+dict that :class:`~datasetrt.Loader` and the torch adapter write and check
+the same way.
+
+>>> check_int(3, "count")
+3
+>>> check_int(True, "count")
+Traceback (most recent call last):
+...
+datasetrt.exceptions.InvalidInputError: count must be an int, got True
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import DatasetRTError, InvalidInputError
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+
+U64 = 1 << 64
+
+#: The most draws :meth:`Dataset.draws` returns at once (4 bytes each: 8 GiB);
+#: read longer sequences in parts with ``start``, or through a loader.
+MAX_DRAWS = 1 << 31
+
+STATE_FORMAT = "datasetrt-loader-state"
+
+
+def check_int(value: object, name: str, low: int = 0, high: int = U64 - 1) -> int:
+    """``value`` as an int in ``[low, high]``, else :class:`InvalidInputError`
+    (never a TypeError or OverflowError from the native layer)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInputError(f"{name} must be an int, got {value!r}")
+    if not low <= value <= high:
+        raise InvalidInputError(f"{name} must be in [{low}, {high}], got {value}")
+    return value
+
+
+def check_seed(seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InvalidInputError(
+            f"seed must be an int (got {seed!r}); sampling is never silently random"
+        )
+    if not 0 <= seed < U64:
+        raise InvalidInputError(f"seed must be in [0, 2**64), got {seed}")
+    return seed
+
+
+def check_epoch(epoch: object) -> int:
+    return check_int(epoch, "epoch")
+
+
+def check_version(version: object, name: str = "snapshot") -> int:
+    return check_int(version, name, 0, (1 << 63) - 1)
+
+
+def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Fill in rank and world size from torch.distributed or RANK/WORLD_SIZE."""
+    if rank is None or world_size is None:
+        found = None
+        # torch.distributed can only be initialised if it was imported: never import it here
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            found = (dist.get_rank(), dist.get_world_size())
+        if found is None and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            try:
+                found = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+            except ValueError:
+                raise InvalidInputError(
+                    f"RANK={os.environ['RANK']!r} and WORLD_SIZE={os.environ['WORLD_SIZE']!r} "
+                    f"must be integers"
+                ) from None
+        found = found or (0, 1)
+        rank = found[0] if rank is None else rank
+        world_size = found[1] if world_size is None else world_size
+    check_int(rank, "rank", 0, (1 << 32) - 1)
+    check_int(world_size, "world_size", 0, (1 << 32) - 1)
+    if not 0 <= rank < world_size:
+        raise InvalidInputError(f"rank {rank} is not in 0..world_size ({world_size})")
+    return rank, world_size
+
+
+def make_state(
+    dataset: Dataset,
+    *,
+    seed: int,
+    epoch: int,
+    sampling: str,
+    epoch_len: int,
+    batch_size: int,
+    snapshot: int,
+    position: int,
+) -> dict[str, Any]:
+    """A loader state: plain, JSON-serialisable data."""
+    return {
+        "format": STATE_FORMAT,
+        "version": 1,
+        "seed": seed,
+        "epoch": epoch,
+        "sampling": sampling,
+        "epoch_len": epoch_len,
+        "batch_size": batch_size,
+        "snapshot": snapshot,
+        "fingerprint": dataset._native.fingerprint_of(snapshot),
+        "position": position,
+    }
+
+
+def check_state(dataset: Dataset, state: Any, batch_size: int) -> dict[str, Any]:
+    """Validate a loader state against the dataset; returns it."""
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise InvalidInputError(f"resume takes a Loader.state_dict(), not {state!r}")
+    try:
+        fingerprint = dataset._native.fingerprint_of(state["snapshot"])
+    except DatasetRTError as exc:
+        raise InvalidInputError(
+            f"the state was saved at snapshot {state['snapshot']}, which this dataset does "
+            f"not have ({exc})"
+        ) from None
+    if fingerprint != state["fingerprint"]:
+        raise InvalidInputError(
+            f"the state was saved at snapshot {state['snapshot']} with fingerprint "
+            f"{state['fingerprint']}, but that snapshot now has fingerprint {fingerprint}"
+        )
+    if state["position"] % batch_size:
+        raise InvalidInputError(
+            f"position {state['position']} is not a multiple of batch_size {batch_size}; "
+            f"resume with batch_size={state['batch_size']}"
+        )
+    return state

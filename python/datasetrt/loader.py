@@ -1,0 +1,207 @@
+"""Reading batches: :class:`Loader` and the :class:`Batch` and :class:`Sample` it yields.
+
+A loader wraps one native loader (the plan ``SampleExec → PayloadTakeExec``
+with bounded read-ahead) and pairs each batch with the rows of the loader's
+snapshot; see :meth:`datasetrt.Dataset.loader`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from ._state import MAX_DRAWS, check_epoch, check_int, check_seed, check_state, make_state
+from .exceptions import InvalidInputError
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+
+
+class Sample:
+    """One sample: its payload ``data`` (bytes), identity and metadata.
+
+    ``metadata`` is the sample's row in the population the sample was read
+    from (updated values and added columns included), built on first access;
+    it is ``None`` for a stored sample that is not in that population.
+    """
+
+    __slots__ = ("_frame", "_metadata", "_row", "cache_id", "data", "sample_id")
+
+    def __init__(
+        self,
+        data: bytes,
+        cache_id: int,
+        sample_id: int,
+        row: int | None,
+        frame: pl.DataFrame | None,
+    ):
+        self.data = data
+        self.cache_id = cache_id
+        self.sample_id = sample_id
+        self._row = row
+        self._frame = frame
+        self._metadata: dict[str, Any] | None = None
+
+    @property
+    def metadata(self) -> dict[str, Any] | None:
+        if self._metadata is None and self._row is not None and self._frame is not None:
+            self._metadata = self._frame.row(self._row, named=True)
+        return self._metadata
+
+    def __repr__(self) -> str:
+        return (
+            f"Sample(cache_id={self.cache_id}, sample_id={self.sample_id}, {len(self.data)} bytes)"
+        )
+
+
+class Batch:
+    """One batch from a loader: columnar access plus lazily built samples.
+
+    ``data`` is the list of payloads; ``cache_id``/``sample_id``/``rows`` are
+    lists of ints (``rows`` index the loader's snapshot); ``metadata`` is a
+    polars DataFrame of the batch's rows, built on first access.
+    """
+
+    __slots__ = ("_frame", "_metadata", "cache_id", "data", "rows", "sample_id")
+
+    def __init__(
+        self,
+        rows: list[int],
+        cache_id: list[int],
+        sample_id: list[int],
+        data: list[bytes],
+        frame: pl.DataFrame,
+    ):
+        self.rows = rows
+        self.cache_id = cache_id
+        self.sample_id = sample_id
+        self.data = data
+        self._frame = frame
+        self._metadata: pl.DataFrame | None = None
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    @property
+    def metadata(self) -> pl.DataFrame:
+        if self._metadata is None:
+            self._metadata = self._frame[self.rows]
+        return self._metadata
+
+    def __iter__(self) -> Iterator[Sample]:
+        frame, cids, sids, rows = self._frame, self.cache_id, self.sample_id, self.rows
+        for i, data in enumerate(self.data):
+            yield Sample(data, cids[i], sids[i], rows[i], frame)
+
+    def __repr__(self) -> str:
+        return f"<datasetrt.Batch of {len(self)} samples>"
+
+
+class Loader:
+    """Iterator over :class:`Batch` objects; see :meth:`Dataset.loader`."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        batch_size: int,
+        seed: int | None,
+        epoch: int,
+        threads: int | None,
+        prefetch_bytes: int,
+        prefetch_batches: int,
+        drop_last: bool,
+        sampling: str = "replacement",
+        epoch_len: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        worker: int = 0,
+        num_workers: int = 1,
+        resume: dict[str, Any] | None = None,
+        snapshot: int | None = None,
+    ):
+        for name, value, low in (
+            ("batch_size", batch_size, 1),
+            ("prefetch_bytes", prefetch_bytes, 1),
+            ("prefetch_batches", prefetch_batches, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidInputError(f"{name} must be a positive int, got {value!r}")
+        check_int(batch_size, "batch_size", 1, MAX_DRAWS)
+        check_int(prefetch_bytes, "prefetch_bytes", 1, (1 << 63) - 1)
+        check_int(prefetch_batches, "prefetch_batches", 1, 1 << 20)
+        if threads is not None:
+            check_int(threads, "threads", 1, 1024)
+        if epoch_len is not None:
+            check_int(epoch_len, "epoch_len", 1)
+        start_block = 0
+        if resume is not None:
+            state = check_state(dataset, resume, batch_size)
+            seed, epoch, sampling = state["seed"], state["epoch"], state["sampling"]
+            epoch_len, snapshot = state["epoch_len"], state["snapshot"]
+            start_block = state["position"] // batch_size
+        if snapshot is None or snapshot == dataset.version:
+            self._frame = dataset.get_metadata()
+            snapshot = dataset.version
+        else:
+            self._frame = pl.DataFrame(dataset._native.metadata(snapshot))
+        self.snapshot = snapshot
+        self._native = dataset._native.loader(
+            check_seed(seed),
+            check_epoch(epoch),
+            batch_size,
+            start_block=start_block,
+            drop_last=drop_last,
+            rank=rank,
+            world_size=world_size,
+            worker=worker,
+            num_workers=num_workers,
+            prefetch_bytes=prefetch_bytes,
+            prefetch_batches=prefetch_batches,
+            concurrency=threads,
+            snapshot=snapshot,
+            sampling=sampling,
+            epoch_len=epoch_len,
+        )
+        self._state = make_state(
+            dataset,
+            seed=seed,
+            epoch=epoch,
+            sampling=sampling,
+            epoch_len=self._native.epoch_len,
+            batch_size=batch_size,
+            snapshot=snapshot,
+            position=0,
+        )
+        self._start_block = start_block
+        self._stride = world_size * num_workers
+        self._delivered = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """A small JSON-serialisable state: resume with ``Dataset.loader(resume=state)``.
+
+        ``position`` counts the draws of the global sequence consumed so far:
+        this loader's batches times the readers running side by side (ranks in
+        lockstep, as distributed training runs them).
+        """
+        blocks = self._start_block + self._delivered * self._stride
+        position = min(blocks * self._state["batch_size"], self._native.total_draws)
+        return {**self._state, "position": position}
+
+    def __iter__(self) -> Loader:
+        return self
+
+    def __next__(self) -> Batch:
+        rows, cache_id, sample_id, data = next(self._native)
+        self._delivered += 1
+        return Batch(rows, cache_id, sample_id, data, self._frame)
+
+    def explain(self) -> str:
+        """The loader's physical plan (``SampleExec → PayloadTakeExec``)."""
+        return self._native.explain()
+
+    def metrics(self) -> str:
+        """The plan with its metrics so far: rows, payload bytes, read time."""
+        return self._native.metrics()

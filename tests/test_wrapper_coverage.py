@@ -1,0 +1,312 @@
+"""The Python package wraps every native method, and exports what it lists.
+
+Modelled on datafusion-python's ``test_wrapper_coverage.py``, which checks
+that every name of its PyO3 module appears in the Python wrappers. Here the
+wrappers rename (``Dataset.version`` reads the native ``snapshot``,
+``Dataset.get_item`` calls ``get``), so the check is on use instead: the
+sources of ``python/datasetrt/`` are parsed, every attribute read on a native
+object is collected, and each public member of each native class (and each
+name of the native module) must be among them. A native method that no
+wrapper calls fails here unless it is listed in :data:`NOT_WRAPPED` with the
+reason.
+
+What counts as a native object (parsed, not imported):
+
+- ``_native.<Class>(...)``, and a local name assigned from it (``writer``);
+- ``self._native`` inside a wrapper class that assigns ``self._native``: the
+  type of that assignment, a native class or the stub's return type of the
+  native method called (``dataset._native.loader(...)`` is a ``Loader``);
+- ``<name>._native`` elsewhere, where ``<name>`` (or ``<obj>.<name>``) is the
+  wrapper class's name in lower case (``dataset._native``,
+  ``self.dataset._native``).
+
+Any other ``._native`` read fails the test, so a new way of reaching a native
+object must be taught here rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import datasetrt
+from datasetrt import _native
+
+PACKAGE = Path(__file__).resolve().parents[1] / "python" / "datasetrt"
+
+#: Protocol methods checked like public ones, where a native class defines them.
+PROTOCOL = (
+    "__len__",
+    "__iter__",
+    "__next__",
+    "__arrow_c_stream__",
+    "__datafusion_table_provider__",
+)
+
+#: (native class, or "" for the module; member) -> why no wrapper uses it.
+NOT_WRAPPED: dict[tuple[str, str], str] = {
+    ("Dataset", "snapshots"): (
+        "the wrapper offers Dataset.history(), one row per snapshot on disk with its "
+        "details, instead of the bare list of numbers"
+    ),
+    ("Dataset", "snapshot_dir"): (
+        "the wrapper keeps the snapshot_dir argument it was given (it pickles by recipe) "
+        "and does not expose the resolved directory"
+    ),
+    ("Loader", "snapshot"): (
+        "the wrapper Loader resolves the snapshot before creating the native loader and "
+        "sets its own .snapshot"
+    ),
+    ("Loader", "__iter__"): "the wrapper calls next() on the native loader directly",
+    ("TableProvider", "__datafusion_table_provider__"): (
+        "called by the datafusion package on what Dataset.datafusion_table() returns"
+    ),
+    ("", "PAYLOAD_COLUMNS"): (
+        "the columns of the SQL table `payloads`, documented for users; no wrapper needs them"
+    ),
+}
+
+
+def native_classes() -> dict[str, type]:
+    return {n: c for n, c in vars(_native).items() if isinstance(c, type)}
+
+
+def native_members() -> set[tuple[str, str]]:
+    """Every (class, member) and ("", module name) the wrapper layer should use."""
+    members = set()
+    for name, cls in native_classes().items():
+        members |= {(name, m) for m in vars(cls) if not m.startswith("_") or m in PROTOCOL}
+    members |= {
+        ("", n)
+        for n, v in vars(_native).items()
+        if not isinstance(v, type) and (not n.startswith("_") or n == "__version__")
+    }
+    return members
+
+
+def stub_returns() -> dict[tuple[str, str], str]:
+    """(native class, method) -> the native class the stub says it returns."""
+    tree = ast.parse((PACKAGE / "_native.pyi").read_text())
+    out = {}
+    for cls in tree.body:
+        if isinstance(cls, ast.ClassDef):
+            for item in cls.body:
+                if isinstance(item, ast.FunctionDef) and isinstance(item.returns, ast.Name):
+                    out[cls.name, item.name] = item.returns.id
+    return out
+
+
+class Uses(ast.NodeVisitor):
+    """Collects the native members one wrapper module reads."""
+
+    def __init__(self, path: Path, wrapped: dict[str, str], returns: dict[tuple[str, str], str]):
+        self.path = path
+        self.wrapped = wrapped  # wrapper class -> native class of its self._native
+        self.returns = returns
+        self.classes = set(native_classes())
+        self.module_aliases: set[str] = set()  # names bound to the _native module
+        self.cls: str | None = None
+        self.locals: dict[str, str] = {}
+        self.used: set[tuple[str, str]] = set()
+        self.unknown: set[str] = set()
+
+    # -- what a native expression is -------------------------------------------
+    def native_type(self, node: ast.AST) -> str | None:
+        if isinstance(node, ast.Name):
+            return self.locals.get(node.id)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            func = node.func
+            if isinstance(func.value, ast.Name) and func.value.id in self.module_aliases:
+                return func.attr if func.attr in self.classes else None
+            owner = self.native_type(func.value)
+            return None if owner is None else self.returns.get((owner, func.attr))
+        if isinstance(node, ast.Attribute) and node.attr == "_native":
+            holder = node.value
+            if isinstance(holder, ast.Name) and holder.id == "self" and self.cls in self.wrapped:
+                return self.wrapped[self.cls]
+            name = holder.id if isinstance(holder, ast.Name) else getattr(holder, "attr", None)
+            for wrapper, native in self.wrapped.items():
+                if name == wrapper.lower():
+                    return native
+            self.unknown.add(f"{self.path.name}:{node.lineno}: {ast.unparse(node)}")
+        return None
+
+    # -- visiting --------------------------------------------------------------
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level == 1 and node.module is None:
+            self.module_aliases |= {a.asname or a.name for a in node.names if a.name == "_native"}
+        elif node.level == 1 and node.module == "_native":
+            self.used |= {("", a.name) for a in node.names}
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        outer, self.cls = self.cls, node.name
+        self.generic_visit(node)
+        self.cls = outer
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        outer = self.locals
+        self.locals = dict(outer)
+        # names bound to native objects anywhere in the function (closures included)
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Assign) and len(sub.targets) == 1:
+                target = sub.targets[0]
+                if isinstance(target, ast.Name):
+                    native = self.native_type(sub.value)
+                    if native is not None:
+                        self.locals[target.id] = native
+        self.generic_visit(node)
+        self.locals = outer
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        value = node.value
+        if isinstance(value, ast.Name) and value.id in self.module_aliases:
+            if node.attr not in self.classes:
+                self.used.add(("", node.attr))
+        elif isinstance(node.ctx, ast.Load):
+            native = self.native_type(value)
+            if native is not None:
+                self.used.add((native, node.attr))
+        if not (node.attr == "_native" and isinstance(node.ctx, ast.Store)):
+            self.generic_visit(node)
+        else:
+            self.generic_visit(node.value)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        protocol = {"len": "__len__", "next": "__next__", "iter": "__iter__"}
+        if isinstance(node.func, ast.Name) and node.func.id in protocol and len(node.args) == 1:
+            native = self.native_type(node.args[0])
+            if native is not None:
+                self.used.add((native, protocol[node.func.id]))
+        self.generic_visit(node)
+
+    def visit_For(self, node: ast.For) -> None:
+        native = self.native_type(node.iter)
+        if native is not None:
+            self.used |= {(native, "__iter__"), (native, "__next__")}
+        self.generic_visit(node)
+
+
+def wrapper_modules() -> dict[Path, ast.Module]:
+    return {p: ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.glob("*.py"))}
+
+
+def wrapped_classes(modules: dict[Path, ast.Module]) -> dict[str, str]:
+    """Wrapper class -> the native class its ``self._native`` holds."""
+    returns = stub_returns()
+    wrapped: dict[str, str] = {}
+    for _ in range(2):  # a second pass resolves classes built from another's native object
+        for path, tree in modules.items():
+            for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+                visitor = Uses(path, wrapped, returns)
+                visitor.module_aliases = {"_native"}
+                visitor.cls = cls.name
+                for sub in ast.walk(cls):
+                    if (
+                        isinstance(sub, ast.Assign)
+                        and len(sub.targets) == 1
+                        and isinstance(sub.targets[0], ast.Attribute)
+                        and sub.targets[0].attr == "_native"
+                    ):
+                        native = visitor.native_type(sub.value)
+                        if native is not None:
+                            wrapped[cls.name] = native
+    return wrapped
+
+
+def wrapper_uses() -> tuple[set[tuple[str, str]], set[str], dict[str, str]]:
+    modules = wrapper_modules()
+    wrapped = wrapped_classes(modules)
+    returns = stub_returns()
+    used: set[tuple[str, str]] = set()
+    unknown: set[str] = set()
+    for path, tree in modules.items():
+        visitor = Uses(path, wrapped, returns)
+        visitor.visit(tree)
+        used |= visitor.used
+        unknown |= visitor.unknown
+    return used, unknown, wrapped
+
+
+def label(member: tuple[str, str]) -> str:
+    return f"_native.{member[0]}.{member[1]}" if member[0] else f"_native.{member[1]}"
+
+
+def test_the_wrapper_classes_are_found():
+    _, _, wrapped = wrapper_uses()
+    assert wrapped == {"Dataset": "Dataset", "Loader": "Loader"}
+
+
+def test_every_native_read_in_the_wrappers_is_understood():
+    _, unknown, _ = wrapper_uses()
+    assert not unknown, f"teach this test what these native objects are: {sorted(unknown)}"
+
+
+def test_every_native_method_is_used_by_a_wrapper():
+    used, _, _ = wrapper_uses()
+    missing = native_members() - used - NOT_WRAPPED.keys()
+    assert not missing, (
+        f"no Python wrapper uses {sorted(map(label, missing))}: wrap it, or list it in "
+        f"NOT_WRAPPED with the reason"
+    )
+
+
+def test_the_exceptions_are_current():
+    used, _, _ = wrapper_uses()
+    absent = NOT_WRAPPED.keys() - native_members()
+    assert not absent, f"NOT_WRAPPED names what _native does not have: {sorted(absent)}"
+    wrapped_now = NOT_WRAPPED.keys() & used
+    assert not wrapped_now, f"now used by a wrapper, drop from NOT_WRAPPED: {sorted(wrapped_now)}"
+
+
+def test_the_wrappers_read_no_native_member_that_does_not_exist():
+    used, _, _ = wrapper_uses()
+    classes = native_classes()
+    unknown = [label((c, m)) for c, m in used if not hasattr(classes[c] if c else _native, m)]
+    assert not unknown, unknown
+
+
+def test_every_name_in_all_exists():
+    assert len(set(datasetrt.__all__)) == len(datasetrt.__all__)
+    missing = [n for n in datasetrt.__all__ if not hasattr(datasetrt, n)]
+    assert not missing, missing
+    namespace: dict[str, object] = {}
+    exec("from datasetrt import *", namespace)
+    assert set(datasetrt.__all__) <= namespace.keys()
+
+
+def test_the_package_imports_have_no_cycle():
+    """Imports between the package's modules (also those inside functions, not
+    those under ``TYPE_CHECKING``) form no cycle: ``torch`` and ``loader`` are
+    used by ``dataset``, never the other way round."""
+    graph: dict[str, set[str]] = {}
+    for path, tree in wrapper_modules().items():
+        typing_only = {
+            id(n)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+            for stmt in block.body
+            for n in ast.walk(stmt)
+        }
+        graph[path.stem] = {
+            node.module.split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            and node.level == 1
+            and node.module
+            and id(node) not in typing_only
+        } | {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and not node.module
+            for alias in node.names
+        }
+    for module in ("torch", "loader", "_state"):
+        assert "dataset" not in graph[module], f"{module}.py imports dataset.py at run time"
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"import cycle: {' -> '.join((*path, module))}"
+        for dep in sorted(graph.get(module, ())):
+            visit(dep, (*path, module))
+
+    for module in graph:
+        visit(module, ())

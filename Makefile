@@ -12,7 +12,7 @@ PY_DEPS := "maturin>=1.7,<2" "polars>=1.20" numpy scikit-learn tqdm "pytest>=8" 
 WHEEL_VENV ?= $(HOME)/.cache/datasetrt-wheel-venv
 WHEEL_DIR ?= $(HOME)/.cache/datasetrt-wheels
 
-.PHONY: venv develop release demo test lint rust-test py-test installed-test sdist-test bench
+.PHONY: venv develop release demo test lint rust-test py-test installed-test sdist-test fuzz bench
 
 $(STAMP): Makefile
 	python3 -m venv $(VENV)
@@ -44,6 +44,11 @@ rust-test:
 
 py-test: develop
 	$(PY) -m pytest
+
+# The readers of stored files under many more mutated inputs than the
+# 300 per reader that `make test` runs (engine/tests/it/fuzz.rs).
+fuzz:
+	DATASETRT_FUZZ_ITERS=$${DATASETRT_FUZZ_ITERS:-20000} cargo test --workspace --release --test it fuzz
 
 # Build a wheel (dev profile: it reuses the build the tests made), install it
 # into its own virtualenv and run tests/installed/check_installed.py from a

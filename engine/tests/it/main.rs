@@ -1,4 +1,6 @@
 mod catalog;
+mod fuzz;
+mod layers;
 mod query;
 mod store;
 mod take;

@@ -193,12 +193,17 @@ class Dataset:
         dataset sees it (a rollback: no snapshot is deleted, and the next
         update is committed on top of it).
         """
+        version = self._resolve(version)
+        return self._native.checkout(check_version(version))
+
+    def _resolve(self, version: int | str, name: str = "snapshot") -> int:
+        """A snapshot number, given one or a tag."""
         if isinstance(version, str):
             tags = self._native.tags()
             if version not in tags:
                 raise InvalidInputError(f"no tag {version!r}; tags: {sorted(tags)}")
-            version = tags[version]
-        return self._native.checkout(check_version(version))
+            return tags[version]
+        return check_version(version, name)
 
     def tag(self, name: str, version: int | None = None) -> None:
         """Name a snapshot (default: the active one); tagged snapshots survive cleanup."""
@@ -227,9 +232,7 @@ class Dataset:
         (more rows in ``b``), ``"removed"`` (fewer), or ``"reweighted"`` (as
         many rows, another total weight).
         """
-        tags = self._native.tags()
-        a, b = (tags.get(v, v) if isinstance(v, str) else v for v in (a, b))
-        a, b = check_version(a, "a"), check_version(b, "b")
+        a, b = self._resolve(a, "a"), self._resolve(b, "b")
 
         def per_sample(version: int) -> pl.DataFrame:
             frame = pl.DataFrame(self._native.metadata(version))

@@ -35,6 +35,8 @@ use crate::{Error, Result};
 pub const HEAD_FILE: &str = "HEAD";
 const LOCK_FILE: &str = "HEAD.lock";
 const HEADER: &str = "datasetrt-head 1";
+/// Tag files have the head's format under their own first line.
+const TAG_HEADER: &str = "datasetrt-tag 1";
 
 /// An exclusive lock on a snapshot directory's commits, released on drop
 /// (and by the kernel when the process dies, so a killed writer never
@@ -69,7 +71,7 @@ pub fn read_head(dir: &Path) -> Result<Option<u64>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io(&path)(e)),
     };
-    parse_head(&raw).map(Some).ok_or_else(|| {
+    parse_record(HEADER, &raw).map(Some).ok_or_else(|| {
         Error::corrupt(
             &path,
             "the head record (which snapshot is the population) is damaged",
@@ -77,13 +79,15 @@ pub fn read_head(dir: &Path) -> Result<Option<u64>> {
     })
 }
 
-fn encode_head(number: u64) -> String {
-    let body = format!("{HEADER}\nsnapshot={number}\n");
+fn encode_record(header: &str, number: u64) -> String {
+    let body = format!("{header}\nsnapshot={number}\n");
     let crc = crc32c(body.as_bytes());
     format!("{body}checksum={crc:08x}\n")
 }
 
-fn parse_head(raw: &[u8]) -> Option<u64> {
+/// The snapshot number of a checksummed record (the head or a tag), or
+/// `None` when any byte of it is wrong.
+fn parse_record(header: &str, raw: &[u8]) -> Option<u64> {
     let text = std::str::from_utf8(raw).ok()?;
     let split = text.rfind("checksum=")?;
     let hex = text[split + 9..].strip_suffix('\n')?;
@@ -95,7 +99,7 @@ fn parse_head(raw: &[u8]) -> Option<u64> {
         return None;
     }
     let mut lines = text[..split].lines();
-    if lines.next()? != HEADER {
+    if lines.next()? != header {
         return None;
     }
     lines.next()?.strip_prefix("snapshot=")?.parse().ok()
@@ -104,13 +108,32 @@ fn parse_head(raw: &[u8]) -> Option<u64> {
 /// Point the head at `number` (atomically: a temporary file renamed over it).
 /// Call it holding [`lock`].
 pub fn write_head(dir: &Path, number: u64, _lock: &CommitLock) -> Result<()> {
-    fs::write_atomic(&head_path(dir), encode_head(number).as_bytes())
+    fs::write_atomic(&head_path(dir), encode_record(HEADER, number).as_bytes())
 }
 
 /// The snapshot the head names. A dataset whose snapshots were written
 /// before heads existed (version-1 manifests, no `HEAD`) adopts its newest;
 /// any other snapshot directory without a head is an error, since guessing
 /// could silently revert the population.
+/// The bytes of a tag file naming snapshot `number`.
+pub fn encode_tag(number: u64) -> String {
+    encode_record(TAG_HEADER, number)
+}
+
+/// The snapshot a tag file names: the checksummed format, or a bare number
+/// (tags written before tags carried checksums).
+pub fn parse_tag(path: &Path, raw: &[u8]) -> Result<u64> {
+    if let Some(n) = parse_record(TAG_HEADER, raw) {
+        return Ok(n);
+    }
+    let legacy = std::str::from_utf8(raw)
+        .ok()
+        .and_then(|t| t.strip_suffix('\n'))
+        .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|t| t.parse().ok());
+    legacy.ok_or_else(|| Error::corrupt(path, "the tag file is damaged"))
+}
+
 pub fn current(dir: &Path, numbers: &[u64]) -> Result<Option<u64>> {
     if let Some(n) = read_head(dir)? {
         return Ok(Some(n));
@@ -122,7 +145,12 @@ pub fn current(dir: &Path, numbers: &[u64]) -> Result<Option<u64>> {
     if let Some(n) = read_head(dir)? {
         return Ok(Some(n)); // another process adopted or created it meanwhile
     }
-    if super::snapshot::read_manifest(dir, newest)?.version == 1 {
+    let manifest = super::snapshot::read_manifest(dir, newest)?;
+    // Written before heads existed: the newest was the population. Or a
+    // first open died between creating snapshot 0 and its head: snapshot 0
+    // is the only population there ever was. Neither is a guess.
+    let first_only = numbers == [0] && manifest.parent.is_none();
+    if manifest.version == 1 || first_only {
         write_head(dir, newest, &guard)?;
         return Ok(Some(newest));
     }
@@ -143,15 +171,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_head_round_trips_and_any_damage_is_refused() {
-        let text = encode_head(42);
-        assert_eq!(parse_head(text.as_bytes()), Some(42));
-        for i in 0..text.len() {
-            let mut bytes = text.clone().into_bytes();
-            bytes[i] ^= 0x01;
-            assert_ne!(parse_head(&bytes), Some(42), "flip at byte {i} went unseen");
+    fn a_head_or_tag_round_trips_and_any_damage_is_refused() {
+        for header in [HEADER, TAG_HEADER] {
+            let text = encode_record(header, 42);
+            assert_eq!(parse_record(header, text.as_bytes()), Some(42));
+            for i in 0..text.len() {
+                let mut bytes = text.clone().into_bytes();
+                bytes[i] ^= 0x01;
+                assert_ne!(
+                    parse_record(header, &bytes),
+                    Some(42),
+                    "flip at byte {i} went unseen"
+                );
+            }
+            assert_eq!(
+                parse_record(header, &text.as_bytes()[..text.len() - 3]),
+                None
+            );
+            assert_eq!(parse_record(header, b""), None);
         }
-        assert_eq!(parse_head(&text.as_bytes()[..text.len() - 3]), None);
-        assert_eq!(parse_head(b""), None);
+        // a head is not a tag, nor the other way round
+        assert_eq!(
+            parse_record(TAG_HEADER, encode_record(HEADER, 1).as_bytes()),
+            None
+        );
+        let path = Path::new("t");
+        assert_eq!(parse_tag(path, b"7\n").unwrap(), 7);
+        assert!(parse_tag(path, b"7x\n").is_err() && parse_tag(path, b"\xff").is_err());
     }
 }

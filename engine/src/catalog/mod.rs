@@ -55,6 +55,7 @@ fn discover(path: &Path) -> Result<Vec<PathBuf>> {
     if Cache::is_cache_dir(path) {
         return Ok(vec![path.to_path_buf()]);
     }
+    fs::remove_stale_temps(path); // a killed build's staging, before any error
     let mut found = Vec::new();
     for entry in std::fs::read_dir(path).map_err(Error::io(path))? {
         let entry = entry.map_err(Error::io(path))?;
@@ -64,6 +65,12 @@ fn discover(path: &Path) -> Result<Vec<PathBuf>> {
         }
         if entry.path().is_dir() && Cache::is_cache_dir(&entry.path()) {
             found.push(entry.path());
+        } else if entry.path().is_dir() && Cache::looks_like_cache(&entry.path()) {
+            // Skipping it would silently open a different dataset.
+            return Err(Error::NotFound {
+                what: "cache MANIFEST (the directory holds cache files without it)",
+                path: entry.path().join(crate::store::format::MANIFEST_FILE),
+            });
         }
     }
     if found.is_empty() {
@@ -132,6 +139,7 @@ impl Dataset {
         }
         fs::remove_stale_temps(&snapshot_dir);
         fs::remove_stale_temps(&snapshot_dir.join(snapshot::COLUMNS_DIR));
+        fs::remove_stale_temps(&snapshot_dir.join(TAGS_DIR));
 
         let numbers = Self::list_in(&snapshot_dir)?;
         let snapshot = match commit::current(&snapshot_dir, &numbers)? {
@@ -278,7 +286,7 @@ impl Dataset {
         }
         let dir = self.snapshot_dir.join(TAGS_DIR);
         std::fs::create_dir_all(&dir).map_err(Error::io(&dir))?;
-        fs::write_atomic(&dir.join(name), format!("{number}\n").as_bytes())
+        fs::write_atomic(&dir.join(name), commit::encode_tag(number).as_bytes())
     }
 
     /// Every tag and the snapshot it names.
@@ -294,14 +302,8 @@ impl Dataset {
             if name.starts_with('.') {
                 continue;
             }
-            let text = std::fs::read_to_string(entry.path()).map_err(Error::io(entry.path()))?;
-            let number = text.trim().parse().map_err(|_| {
-                Error::corrupt(
-                    entry.path(),
-                    format!("tag file holds {text:?}, not a snapshot number"),
-                )
-            })?;
-            tags.insert(name, number);
+            let raw = std::fs::read(entry.path()).map_err(Error::io(entry.path()))?;
+            tags.insert(name, commit::parse_tag(&entry.path(), &raw)?);
         }
         Ok(tags)
     }
@@ -434,7 +436,7 @@ impl Dataset {
     /// path as `PayloadTakeExec`.
     pub fn read(&self, cache_id: i64, sample_id: i64) -> Result<Vec<u8>> {
         self.cache_position(cache_id)?;
-        let data = crate::query::take::take_payloads(&self.caches, &[cache_id], &[sample_id], 1)?;
+        let data = crate::store::take::take_payloads(&self.caches, &[cache_id], &[sample_id], 1)?;
         Ok(data.value(0).to_vec())
     }
 }

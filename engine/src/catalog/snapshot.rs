@@ -317,7 +317,7 @@ pub fn publish(
     let text = format!("{body}checksum={crc:08x}\n");
 
     let tmp = fs::temp_sibling(&dir.join(Snapshot::file_name(number)));
-    fs::write_atomic(&tmp, text.as_bytes())?;
+    fs::write_synced(&tmp, text.as_bytes())?;
     let mut n = number;
     loop {
         let path = dir.join(Snapshot::file_name(n));

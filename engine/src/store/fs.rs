@@ -88,6 +88,17 @@ pub fn remove_stale_temps(dir: &Path) {
     }
 }
 
+/// Create `path` holding `bytes`, fsynced (the caller publishes it).
+pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let result = File::create(path)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .map_err(Error::io(path));
+    if result.is_err() {
+        let _ = fs::remove_file(path);
+    }
+    result
+}
+
 /// Write `bytes` to `path` through a temporary file, fsync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = temp_sibling(path);

@@ -35,6 +35,15 @@ impl Cache {
         dir.join(MANIFEST_FILE).is_file()
     }
 
+    /// Whether `dir` holds a cache's index or attributes without being a
+    /// published cache (its MANIFEST lost): an error to report, not a
+    /// directory to skip.
+    pub fn looks_like_cache(dir: &Path) -> bool {
+        !Self::is_cache_dir(dir)
+            && (dir.join(super::format::INDEX_FILE).is_file()
+                || dir.join(super::format::ATTRIBUTES_FILE).is_file())
+    }
+
     /// Open and check a published cache: manifest checksum and version, index
     /// header, length and checksum, every shard's length and header, and the
     /// attributes file's checksum. Record bytes are checked on each read.

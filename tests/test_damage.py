@@ -1,0 +1,441 @@
+"""Damaged files: every kind of damage to every kind of file a dataset keeps
+gives a typed error naming the file, or the right data -- never wrong data, a
+panic or a crash.
+
+Each damaged copy is read by a fresh child process: a process verifies each
+snapshot column file once per version, so the process that built the template
+(or read another copy) would not show what a new reader sees. One child reads
+the copies of one kind of file in turn (each copy has its own path, so nothing
+it verified for one copy carries over to the next) and prints one JSON line per
+copy; a child that dies is restarted after the copy that killed it, which is
+recorded as a crash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+import datasetrt as drt
+from conftest import Source
+
+TAG = "golden-tag"
+N_ALPHA, N_BETA = 48, 24
+CHILD_TIMEOUT = 120
+
+
+def payload(name: str, i: int) -> bytes:
+    """Odd samples are incompressible (stored raw), even ones compress (zstd)."""
+    seed = hashlib.sha256(f"{name}:{i}".encode()).digest()
+    if i % 2:
+        return b"".join(hashlib.sha256(seed + bytes([j])).digest() for j in range(6 + i % 5))
+    return seed * (4 + i % 7)
+
+
+# -- the files ------------------------------------------------------------------
+
+#: the files damaged (found in the template by `build_template`); the head is
+#: snapshot 2, the tag names snapshot 1
+KINDS = [
+    "snapshot-manifest",
+    "tagged-snapshot-manifest",
+    "HEAD",
+    "column-cache_id",
+    "column-sample_id",
+    "column-label",
+    "column-weight",
+    "tag",
+    "alias",
+    "cache-MANIFEST",
+    "index",
+    "shard",
+    "attributes",
+]
+
+#: damage -> (kind of damage, offset as a fraction of the length or "rand", xor mask)
+DAMAGES: dict[str, tuple[str, Any, int]] = {
+    "flip-first": ("flip", 0.0, 0xFF),
+    "flip-third": ("flip", 1 / 3, 0x01),
+    "flip-middle": ("flip", 0.5, 0x01),
+    "flip-two-thirds": ("flip", 2 / 3, 0x10),
+    "flip-last": ("flip", 1.0, 0x01),
+    "flip-random-a": ("flip", "rand", 0),
+    "flip-random-b": ("flip", "rand", 0),
+    "truncate-half": ("truncate", 0.5, 0),
+    "truncate-one": ("truncate", "minus-one", 0),
+    "truncate-empty": ("truncate", 0.0, 0),
+    "delete": ("delete", None, 0),
+    "garbage": ("garbage", None, 0),
+}
+
+#: damage after which open must raise, never fall back to another snapshot: a
+#: damaged or missing head record, a missing head snapshot manifest
+MUST_FAIL_TO_OPEN = {("HEAD", d) for d in DAMAGES} | {("snapshot-manifest", "delete")}
+
+#: (kind, damage) -> reason: known engine bugs, each an xfail(strict=True)
+KNOWN_BUGS: dict[tuple[str, str], str] = {}
+
+#: A deleted tag file removes the tag (a tag is its file): the tag is no
+#: longer listed and naming it is an InvalidInputError ("no tag ..."). No
+#: population is delivered under its name, so this counts as detected.
+TAG_GONE = ("tag", "delete")
+
+
+def damage_file(path: Path, damage: str, rng: random.Random) -> str:
+    """Damage `path` in place; returns what was done (for messages)."""
+    how, where, mask = DAMAGES[damage]
+    raw = bytearray(path.read_bytes())
+    n = len(raw)
+    if how == "delete":
+        path.unlink()
+        return "deleted"
+    if how == "garbage":
+        path.write_bytes(rng.randbytes(n))
+        return f"replaced by {n} random bytes"
+    if how == "truncate":
+        keep = n - 1 if where == "minus-one" else int(n * where)
+        path.write_bytes(bytes(raw[:keep]))
+        return f"truncated from {n} to {keep} bytes"
+    if where == "rand":
+        offset, mask = rng.randrange(n), rng.randrange(1, 256)
+    else:
+        offset = min(n - 1, int(n * where))
+    raw[offset] ^= mask
+    path.write_bytes(bytes(raw))
+    return f"byte {offset} of {n} xor {mask:#04x}"
+
+
+@dataclass
+class Template:
+    root: Path
+    files: dict[str, Path]  # kind -> path relative to root
+    items: list[tuple[int, int]]  # every stored (cache_id, sample_id)
+    expected_items: dict[str, str]  # "cid sid" -> sha256 of the payload
+
+
+def build_template(root: Path) -> Template:
+    sources = [
+        Source(
+            "alpha-v1",
+            N_ALPHA,
+            payload=partial(payload, "alpha-v1"),
+            meta=lambda i: {"label": i % 7},
+        ),
+        Source(
+            "beta-v1",
+            N_BETA,
+            payload=partial(payload, "beta-v1"),
+            meta=lambda i: {"label": 10 + i % 5},
+        ),
+    ]
+    ds = drt.build(root, sources, shard_bytes=2048, progress=False)
+    meta = ds.get_metadata()
+    # snapshot 1: a subset with repeats and weights; tagged
+    sub = pl.concat(
+        [meta.filter(pl.col("sample_id") % 3 != 0), meta.filter(pl.col("sample_id") < 4)]
+    ).with_columns((1.0 + (pl.col("sample_id") % 4) * 0.5).alias("weight"))
+    assert ds.update_metadata(sub) == 1
+    ds.tag(TAG, 1)
+    # snapshot 2, the head: reweighted (sums stay exact in binary floating point)
+    reweighted = sub.with_columns((pl.col("weight") * 2 + pl.col("label") % 3).alias("weight"))
+    assert ds.update_metadata(reweighted) == 2
+    for _ in ds.loader(16, seed=1, sampling="replacement"):  # writes the head's alias table
+        pass
+
+    manifest = ds.snapshot_path
+    snapdir = manifest.parent
+    hashes = {}
+    for line in manifest.read_text().splitlines():
+        if line.startswith("column="):
+            hash_, _crc, _len, name = line[len("column=") :].split(" ", 3)
+            hashes[name] = hash_
+    assert set(hashes) == {"cache_id", "sample_id", "label", "weight"}, hashes
+    assert len(set(hashes.values())) == 4, "the four columns must be four distinct files"
+    cache = root / "alpha-v1"
+    files = {
+        "snapshot-manifest": manifest,
+        "tagged-snapshot-manifest": snapdir / "00000001.snapshot",
+        "HEAD": snapdir / "HEAD",
+        **{f"column-{c}": snapdir / "columns" / f"{h}.arrow" for c, h in hashes.items()},
+        "tag": snapdir / "tags" / TAG,
+        "alias": snapdir / "columns" / f"{hashes['weight']}.alias",
+        "cache-MANIFEST": cache / "MANIFEST",
+        "index": cache / "index.drti",
+        "shard": cache / "shard-00001.drts",
+        "attributes": cache / "attributes.arrow",
+    }
+    for kind, path in files.items():
+        assert path.is_file(), f"{kind}: {path} is missing from the template"
+    assert (cache / "shard-00002.drts").exists(), "the damaged shard should be a middle one"
+    items, expected = [], {}
+    for c in sorted(ds.caches, key=lambda c: c["name"]):
+        for sid in range(c["records"]):
+            items.append((c["cache_id"], sid))
+            data = payload(c["name"], sid)
+            expected[f"{c['cache_id']} {sid}"] = hashlib.sha256(data).hexdigest()
+    return Template(root, {k: p.relative_to(root) for k, p in files.items()}, items, expected)
+
+
+# -- the reader ----------------------------------------------------------------
+
+READER = r"""
+import hashlib, json, sys
+import datasetrt as drt
+
+FILE_ERRORS = (drt.CorruptCacheError, drt.CacheNotFoundError, drt.UnsupportedFormatError,
+               drt.StorageError)
+
+
+def digest(obj):
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def frame_digest(frame):
+    return digest([str(frame.schema), frame.rows()])
+
+
+def outcome(fn, *args):
+    try:
+        return {"ok": json.loads(json.dumps(fn(*args), default=repr))}
+    except BaseException as exc:  # a pyo3 PanicException is a BaseException
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return {
+            "error": type(exc).__name__,
+            "typed": isinstance(exc, FILE_ERRORS),
+            "message": str(exc)[:3000],
+            "path": None if getattr(exc, "path", None) is None else str(exc.path),
+        }
+
+
+def item(ds, cid, sid):
+    s = ds.get_item(cid, sid)
+    return [hashlib.sha256(s.data).hexdigest(), s.metadata]
+
+
+def epoch(ds, sampling):
+    out = []
+    for b in ds.loader(16, seed=5, sampling=sampling):
+        shas = [hashlib.sha256(d).hexdigest() for d in b.data]
+        out.append([b.rows, b.cache_id, b.sample_id, shas])
+    return digest(out)
+
+
+def read(case):
+    ops, opened = {}, []
+
+    def open_():
+        ds = drt.open(case["root"])
+        opened.append(ds)
+        return {"version": ds.version, "fingerprint": ds.fingerprint, "rows": len(ds)}
+
+    ops["open"] = outcome(open_)
+    if not opened:
+        return ops
+    ds = opened[0]
+    ops["get_metadata"] = outcome(lambda: frame_digest(ds.get_metadata()))
+    ops["sql"] = outcome(
+        lambda: ds.sql("SELECT sum(label) AS l, sum(weight) AS w FROM metadata").rows()
+    )
+    for cid, sid in case["items"]:
+        ops[f"get_item {cid} {sid}"] = outcome(item, ds, cid, sid)
+    ops["loader replacement"] = outcome(epoch, ds, "replacement")
+    ops["loader permutation"] = outcome(epoch, ds, "permutation")
+    ops["tags"] = outcome(ds.tags)
+    ops["tagged population"] = outcome(lambda: frame_digest(ds.diff(case["tag"], ds.version)))
+    return ops
+
+
+cases = json.loads(open(sys.argv[1]).read())
+for case in cases:
+    print(json.dumps({"id": case["id"], "ops": read(case)}), flush=True)
+"""
+
+
+@dataclass
+class Case:
+    id: str
+    kind: str
+    damage: str
+    root: Path
+    file_name: str  # the damaged file's name, which an error must carry
+    done: str = ""  # what the damage was
+
+
+def read_in_children(
+    cases: list[Case], spec_dir: Path, items: list[tuple[int, int]]
+) -> dict[str, dict[str, Any]]:
+    """The reader's output per case; a case whose child died or hung is
+    {"crash": why}. The cases after it run in a new child."""
+    results: dict[str, dict[str, Any]] = {}
+    remaining = list(cases)
+    while remaining:
+        spec = spec_dir / f"spec-{remaining[0].id}.json"
+        spec.write_text(
+            json.dumps(
+                [{"id": c.id, "root": str(c.root), "items": items, "tag": TAG} for c in remaining]
+            )
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-c", READER, str(spec)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            out, err = proc.communicate(timeout=CHILD_TIMEOUT)
+            why = f"exit status {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            why = f"no answer within {CHILD_TIMEOUT} s"
+        for line in out.splitlines():
+            record = json.loads(line)
+            results[record["id"]] = record["ops"]
+        finished = [c for c in remaining if c.id in results]
+        remaining = remaining[len(finished) :]
+        if remaining:
+            assert proc.returncode != 0 or why.startswith("no answer"), (out, err)
+            results[remaining[0].id] = {"crash": f"{why}; stderr: {err[-3000:]}"}
+            remaining = remaining[1:]
+    return results
+
+
+def classify(case: Case, ops: dict[str, Any], baseline: dict[str, Any]) -> tuple[str, list[str]]:
+    """One of crash, panic, wrong, misreported, detected, correct, and why."""
+    if "crash" in ops:
+        return "crash", [ops["crash"]]
+    found: set[str] = set()
+    notes = []
+    for name, result in ops.items():
+        if (case.kind, case.damage) == TAG_GONE and (
+            (name == "tags" and result.get("ok") == {})
+            or (name == "tagged population" and result.get("error") == "InvalidInputError")
+        ):
+            found.add("detected")
+            continue
+        if "ok" in result:
+            if result["ok"] != baseline[name]["ok"]:
+                found.add("wrong")
+                notes.append(f"{name}: WRONG DATA {result['ok']!r} != {baseline[name]['ok']!r}")
+        elif result["error"] == "PanicException":
+            found.add("panic")
+            notes.append(f"{name}: PANIC {result['message']}")
+        elif (
+            not result["typed"]
+            or case.file_name not in result["message"]
+            or Path(result["path"] or "").name != case.file_name
+        ):
+            found.add("misreported")
+            notes.append(
+                f"{name}: {result['error']} (path={result['path']}) does not name "
+                f"{case.file_name} as a typed file error: {result['message']}"
+            )
+        else:
+            found.add("detected")
+    if (case.kind, case.damage) in MUST_FAIL_TO_OPEN and "ok" in ops["open"]:
+        found.add("wrong")
+        notes.append(f"open: opened {ops['open']['ok']} instead of raising")
+    for verdict in ("panic", "wrong", "misreported", "detected"):
+        if verdict in found:
+            return verdict, notes
+    return "correct", notes
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict[str, tuple[str, list[str], Case]]:
+    base = tmp_path_factory.mktemp("damage")
+    template = build_template(base / "template")
+    rng = random.Random(20240611)
+    pristine = Case("pristine", "none", "none", base / "pristine", "")
+    shutil.copytree(template.root, pristine.root)
+    batches: list[list[Case]] = [[pristine]]
+    for kind in KINDS:
+        batch = []
+        for damage in DAMAGES:
+            case = Case(
+                f"{kind}-{damage}",
+                kind,
+                damage,
+                base / f"{kind}-{damage}",
+                template.files[kind].name,
+            )
+            shutil.copytree(template.root, case.root)
+            case.done = damage_file(case.root / template.files[kind], damage, rng)
+            batch.append(case)
+        batches.append(batch)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        parts = list(pool.map(lambda b: read_in_children(b, base, template.items), batches))
+    results = {k: v for part in parts for k, v in part.items()}
+
+    baseline = results.pop("pristine")
+    assert "crash" not in baseline, baseline
+    errors = {k: v for k, v in baseline.items() if "ok" not in v}
+    assert not errors, f"the undamaged copy fails: {errors}"
+    for key, sha in template.expected_items.items():  # the baseline itself is right
+        assert baseline[f"get_item {key}"]["ok"][0] == sha, key
+    assert baseline["tags"]["ok"] == {TAG: 1}
+    assert baseline["open"]["ok"]["version"] == 2
+
+    out = {}
+    for batch in batches[1:]:
+        for case in batch:
+            verdict, notes = classify(case, results[case.id], baseline)
+            out[case.id] = (verdict, notes, case)
+    return out
+
+
+@pytest.mark.parametrize(
+    "kind,damage",
+    [
+        pytest.param(
+            k,
+            d,
+            marks=[pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[(k, d)])]
+            if (k, d) in KNOWN_BUGS
+            else [],
+        )
+        for k in KINDS
+        for d in DAMAGES
+    ],
+)
+def test_damaged_file_is_an_error_naming_it_or_the_right_data(outcomes, kind, damage):
+    verdict, notes, case = outcomes[f"{kind}-{damage}"]
+    assert verdict in ("detected", "correct"), (
+        f"{kind} ({case.file_name}) {case.done}: {verdict}\n" + "\n".join(notes[:10])
+    )
+
+
+def test_outcome_counts(outcomes):
+    """Faults injected, detected, read correctly, wrong data, panics, crashes."""
+    counts = Counter(verdict for verdict, _, _ in outcomes.values())
+    by_kind = {
+        kind: Counter(v for v, _, c in outcomes.values() if c.kind == kind) for kind in KINDS
+    }
+    report = "\n".join(f"  {k:26} {dict(c)}" for k, c in by_kind.items())
+    print(f"\ndamage outcomes: {dict(counts)}\n{report}")
+    assert sum(counts.values()) == len(KINDS) * len(DAMAGES)
+    known = {f"{k}-{d}" for k, d in KNOWN_BUGS}
+    bad = {
+        case_id: verdict
+        for case_id, (verdict, _, _) in outcomes.items()
+        if verdict not in ("detected", "correct") and case_id not in known
+    }
+    assert not bad, bad
+    # the damage is seen: every file but the derived alias table is checked
+    for kind in KINDS:
+        if kind not in ("alias", "tag"):
+            assert by_kind[kind]["detected"] >= len(DAMAGES) // 2, (kind, by_kind[kind])

@@ -105,10 +105,8 @@ fn store_columns(
             .iter()
             .find(|c| c.hash == hash)
             .and_then(|c| Some((c.crc?, c.len?)));
-        let file_crc = |path: &Path| -> Result<(u32, u64)> {
-            let bytes = std::fs::read(path).map_err(Error::io(path))?;
-            Ok((crc32c(&bytes), bytes.len() as u64))
-        };
+        let file_crc =
+            |path: &Path| crate::store::checksum::crc32c_file(path).map_err(Error::io(path));
         let (crc, len) = match from_parent {
             Some(found) if path.exists() => found,
             _ if path.exists() => file_crc(&path)?,
@@ -117,6 +115,8 @@ fn store_columns(
                 let one = RecordBatch::try_new(schema.clone(), vec![array.clone()])?;
                 let written = ipc::write_temp(&path, &schema, &[one])?;
                 if fs::publish_no_replace(&written.path, &path)? {
+                    // its checksum was taken as it was written: no second read
+                    mark_verified(&path);
                     (written.crc, written.len)
                 } else {
                     file_crc(&path)? // an equal column another writer stored meanwhile
@@ -227,43 +227,44 @@ fn file_version(path: &Path) -> Option<FileVersion> {
     ))
 }
 
-/// Check a mapped column file against its manifest entry.
-fn verify_column(file: &Path, bytes: &[u8], entry: &ColumnEntry) -> Result<()> {
-    let (Some(crc), Some(len)) = (entry.crc, entry.len) else {
-        return Ok(()); // a version-1 manifest: nothing to check against
-    };
-    let key = file_version(file);
-    if let Some(key) = &key {
-        if verified()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(key)
-        {
-            return Ok(());
-        }
-    }
-    if bytes.len() as u64 != len {
-        return Err(Error::corrupt(
-            file,
-            format!(
-                "snapshot column file is {} bytes, its manifest says {len}",
-                bytes.len()
-            ),
-        ));
-    }
-    let found = crc32c(bytes);
-    if found != crc {
-        return Err(Error::corrupt(
-            file,
-            format!("snapshot column file checksum mismatch (crc32c {found:08x}, manifest says {crc:08x})"),
-        ));
-    }
-    if let Some(key) = key {
+fn mark_verified(file: &Path) {
+    if let Some(key) = file_version(file) {
         verified()
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(key);
     }
+}
+
+/// Check a column file against its manifest entry: the mapped length, then
+/// the CRC-32C of the file read (not of the mapping; see `crc32c_file`).
+fn verify_column(file: &Path, mapped_len: usize, entry: &ColumnEntry) -> Result<()> {
+    let (Some(crc), Some(len)) = (entry.crc, entry.len) else {
+        return Ok(()); // a version-1 manifest: nothing to check against
+    };
+    if let Some(key) = file_version(file) {
+        if verified()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&key)
+        {
+            return Ok(());
+        }
+    }
+    if mapped_len as u64 != len {
+        return Err(Error::corrupt(
+            file,
+            format!("snapshot column file is {mapped_len} bytes, its manifest says {len}"),
+        ));
+    }
+    let (found, read) = crate::store::checksum::crc32c_file(file).map_err(Error::io(file))?;
+    if found != crc || read != len {
+        return Err(Error::corrupt(
+            file,
+            format!("snapshot column file checksum mismatch (crc32c {found:08x} over {read} bytes, manifest says {crc:08x} over {len})"),
+        ));
+    }
+    mark_verified(file);
     Ok(())
 }
 
@@ -500,7 +501,7 @@ impl Snapshot {
         for entry in &manifest.columns {
             let file = dir.join(COLUMNS_DIR).join(format!("{}.arrow", entry.hash));
             let buffer = fs::map_buffer(&file, "snapshot column")?;
-            verify_column(&file, &buffer, entry)?;
+            verify_column(&file, buffer.len(), entry)?;
             let (schema, batches) = ipc::decode(&file, buffer)?;
             let array = match batches.as_slice() {
                 [one] if one.num_columns() == 1 => one.column(0).clone(),

@@ -26,6 +26,29 @@ pub fn crc32c_parts(parts: &[&[u8]]) -> u32 {
     digest.finalize() as u32
 }
 
+/// CRC-32C and length of a whole file, read in 1 MiB pieces. A file that is
+/// also mapped is checked this way so that the check does not fault every
+/// page into this process (a loader worker would otherwise hold the whole
+/// snapshot in its resident set for one pass over it).
+pub fn crc32c_file(path: &std::path::Path) -> std::io::Result<(u32, u64)> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut digest = Digest::new(CrcAlgorithm::Crc32Iscsi);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut len = 0u64;
+    loop {
+        let n = match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        digest.update(&buf[..n]);
+        len += n as u64;
+    }
+    Ok((digest.finalize() as u32, len))
+}
+
 /// A writer that passes bytes on and keeps the CRC-32C and length of all it
 /// wrote, so a file's checksum costs no second read.
 pub struct CrcWriter<W> {

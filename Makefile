@@ -62,7 +62,7 @@ installed-test: develop
 
 # The source distribution builds and installs too (slow: a release build from scratch).
 sdist-test: $(STAMP)
-	rm -rf $(WHEEL_DIR)/sdist && VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin sdist --quiet -o $(WHEEL_DIR)/sdist
+	rm -rf $(WHEEL_DIR)/sdist && VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin sdist -o $(WHEEL_DIR)/sdist
 	rm -rf $(WHEEL_VENV)-sdist && python3 -m venv $(WHEEL_VENV)-sdist
 	$(WHEEL_VENV)-sdist/bin/pip install --quiet numpy scikit-learn $(WHEEL_DIR)/sdist/datasetrt-*.tar.gz
 	tmp=$$(mktemp -d) && cd $$tmp && $(WHEEL_VENV)-sdist/bin/python $(CURDIR)/tests/installed/check_installed.py $(CURDIR) && rm -rf $$tmp

@@ -245,8 +245,9 @@ impl Dataset {
         force: bool,
     ) -> Result<Arc<Snapshot>> {
         let batch = validate::validate_update(&self.caches, schema, batches)?;
-        let mut active = self.active.write().expect("snapshot lock");
-        let base = base.unwrap_or_else(|| active.number());
+        let base = base.unwrap_or_else(|| self.snapshot().number());
+        // The commit lock first, the active snapshot only to swap it: readers
+        // of `snapshot()` never wait for another process's commit.
         let guard = commit::lock(&self.snapshot_dir)?;
         let head = self.head()?;
         if head != base && !force {
@@ -262,7 +263,7 @@ impl Dataset {
         let number = snapshot::publish(&self.snapshot_dir, &batch, next, note, Some(head))?;
         let snapshot = Arc::new(Snapshot::open(&self.snapshot_dir, number)?);
         commit::write_head(&self.snapshot_dir, number, &guard)?;
-        *active = snapshot.clone();
+        *self.active.write().expect("snapshot lock") = snapshot.clone();
         Ok(snapshot)
     }
 
@@ -279,6 +280,9 @@ impl Dataset {
                 "invalid tag {name:?}: use 1-100 characters from [A-Za-z0-9._-], not starting with '.'"
             )));
         }
+        // under the commit lock: a cleanup cannot delete the snapshot between
+        // the check and the tag
+        let _guard = commit::lock(&self.snapshot_dir)?;
         if !self.snapshot_numbers()?.contains(&number) {
             return Err(Error::invalid(format!(
                 "there is no snapshot {number} to tag"
@@ -361,11 +365,12 @@ impl Dataset {
     /// Make an existing snapshot the population, for every process: the
     /// head moves to it (a rollback; no snapshot is deleted).
     pub fn checkout(&self, number: u64) -> Result<Arc<Snapshot>> {
-        let snapshot = self.snapshot_at(number)?;
-        let mut active = self.active.write().expect("snapshot lock");
         let guard = commit::lock(&self.snapshot_dir)?;
+        // opened under the lock: a cleanup cannot delete it before the head
+        // names it
+        let snapshot = self.snapshot_at(number)?;
         commit::write_head(&self.snapshot_dir, number, &guard)?;
-        *active = snapshot.clone();
+        *self.active.write().expect("snapshot lock") = snapshot.clone();
         Ok(snapshot)
     }
 

@@ -109,7 +109,21 @@ fn store_columns(
             |path: &Path| crate::store::checksum::crc32c_file(path).map_err(Error::io(path));
         let (crc, len) = match from_parent {
             Some(found) if path.exists() => found,
-            _ if path.exists() => file_crc(&path)?,
+            // A file no parent vouches for (after a checkout back, or a
+            // forced commit): its checksum is taken from disk, so first make
+            // sure the disk holds this very column, not a damaged copy.
+            _ if path.exists() => {
+                let (_, batches) = ipc::read_mapped(&path, "snapshot column")?;
+                let same = matches!(batches.as_slice(), [one] if one.num_columns() == 1
+                    && one.column(0).to_data() == array.to_data());
+                if !same {
+                    return Err(Error::corrupt(
+                        &path,
+                        "snapshot column file does not hold the column its name promises",
+                    ));
+                }
+                file_crc(&path)?
+            }
             _ => {
                 let schema = Arc::new(Schema::new(vec![column_field(field)]));
                 let one = RecordBatch::try_new(schema.clone(), vec![array.clone()])?;

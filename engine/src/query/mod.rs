@@ -41,9 +41,9 @@ pub fn metadata_table(snapshot: &Snapshot, partitions: usize) -> Result<Arc<MemT
 /// Refuse, before anything runs, every statement that could read or write a
 /// file or change a table behind the catalog's back: `COPY`, `CREATE
 /// EXTERNAL TABLE`, DML (`INSERT`/`UPDATE`/`DELETE`), `SET` and other
-/// session statements, catalogs, functions, indexes. Session-only tables and
-/// views (`CREATE TABLE x AS SELECT`, `CREATE VIEW`, `DROP`) stay: they hold
-/// query results in memory. `EXPLAIN ANALYZE` of a refused statement is
+/// session statements, catalogs, functions, indexes, and views (which would
+/// keep an old `metadata`). Session-only tables (`CREATE TABLE x AS SELECT`,
+/// `DROP`) stay: they hold query results in memory. `EXPLAIN ANALYZE` of a refused statement is
 /// refused too (the whole plan is checked, subqueries included). Files
 /// enter only through `register`.
 pub fn read_only(plan: &LogicalPlan) -> Result<()> {
@@ -59,9 +59,11 @@ pub fn read_only(plan: &LogicalPlan) -> Result<()> {
             LogicalPlan::Statement(_) => Some("SET, transactions and prepared statements"),
             LogicalPlan::Ddl(ddl) => match ddl {
                 DdlStatement::CreateMemoryTable(_)
-                | DdlStatement::CreateView(_)
                 | DdlStatement::DropTable(_)
                 | DdlStatement::DropView(_) => None,
+                // A view keeps the `metadata` table of the moment it was made:
+                // selecting from it after an update would commit an old population.
+                DdlStatement::CreateView(_) => Some("CREATE VIEW (a view would keep the population of the moment it was made; use CREATE TABLE ... AS, a copy, or a WITH clause)"),
                 DdlStatement::CreateExternalTable(_) => {
                     Some("CREATE EXTERNAL TABLE (files enter through register())")
                 }

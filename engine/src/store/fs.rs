@@ -38,8 +38,26 @@ fn host() -> &'static str {
 
 const TEMP_PREFIX: &str = ".tmp-";
 
+/// A number drawn once per process, so that a process reusing a dead one's
+/// pid (a restarted container) never collides with its leftovers.
+fn nonce() -> u32 {
+    static NONCE: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *NONCE.get_or_init(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        crate::store::checksum::crc32c(
+            &[
+                t.to_le_bytes(),
+                u128::from(std::process::id()).to_le_bytes(),
+            ]
+            .concat(),
+        )
+    })
+}
+
 /// A name for a temporary sibling of `target`, unique across processes and
-/// threads: `.tmp-<pid>@<host>-<n>-<name>`.
+/// threads: `.tmp-<pid>@<host>-<nonce><n>-<name>`.
 pub fn temp_sibling(target: &Path) -> PathBuf {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
@@ -48,9 +66,10 @@ pub fn temp_sibling(target: &Path) -> PathBuf {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     target.with_file_name(format!(
-        "{TEMP_PREFIX}{}@{}-{n}-{name}",
+        "{TEMP_PREFIX}{}@{}-{:x}{n}-{name}",
         std::process::id(),
-        host()
+        host(),
+        nonce()
     ))
 }
 

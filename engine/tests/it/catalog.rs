@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, Float64Array, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema};
+use datasetrt::catalog::read_manifest;
 use datasetrt::store::WriterOptions;
 use datasetrt::{Dataset, Error, OpenOptions};
 
@@ -137,23 +138,17 @@ fn an_update_derived_from_an_older_head_is_a_conflict_that_changes_nothing() {
     let other = reopen(&dir).unwrap();
     let a = ds.caches()[0].id();
     let batch = frame(vec![a], vec![1], vec![1.0]);
-    ds.update(
-        &batch.schema(),
-        std::slice::from_ref(&batch),
-        "first",
-        None,
-        false,
-    )
-    .unwrap();
-    let err = other
-        .update(
+    let update = |ds: &Dataset, note: &str, base: Option<u64>, force: bool| {
+        ds.update(
             &batch.schema(),
             std::slice::from_ref(&batch),
-            "second",
-            None,
-            false,
+            note,
+            base,
+            force,
         )
-        .unwrap_err();
+    };
+    update(&ds, "first", None, false).unwrap();
+    let err = update(&other, "second", None, false).unwrap_err();
     assert!(
         matches!(
             err,
@@ -169,31 +164,12 @@ fn an_update_derived_from_an_older_head_is_a_conflict_that_changes_nothing() {
     assert_eq!(reopen(&dir).unwrap().snapshot().note(), "first");
     // after a refresh the same update lands on top of the first
     assert_eq!(other.refresh().unwrap().number(), 1);
-    let snap = other
-        .update(
-            &batch.schema(),
-            std::slice::from_ref(&batch),
-            "second",
-            None,
-            false,
-        )
-        .unwrap();
+    let snap = update(&other, "second", None, false).unwrap();
     assert_eq!((snap.number(), snap.parent()), (2, Some(1)));
     // force commits whatever the head; an explicit base names the head it read
-    let snap = ds
-        .update(
-            &batch.schema(),
-            std::slice::from_ref(&batch),
-            "forced",
-            None,
-            true,
-        )
-        .unwrap();
+    let snap = update(&ds, "forced", None, true).unwrap();
     assert_eq!((snap.number(), snap.parent()), (3, Some(2)));
-    let snap = other
-        .update(&batch.schema(), &[batch], "based", Some(3), false)
-        .unwrap();
-    assert_eq!(snap.number(), 4);
+    assert_eq!(update(&other, "based", Some(3), false).unwrap().number(), 4);
 }
 
 #[test]
@@ -301,4 +277,45 @@ fn every_flip_or_cut_of_a_snapshot_manifest_is_refused_without_a_panic() {
         refused * 100 >= trials * 95,
         "{refused} of {trials} refused"
     );
+}
+
+#[test]
+fn a_commit_never_vouches_for_a_damaged_column_file_it_did_not_write() {
+    let (_dir, ds) = two_caches();
+    let a = ds.caches()[0].id();
+    let batch = frame(vec![a, a], vec![1, 2], vec![0.25, 4.0]);
+    let update = || {
+        ds.update(
+            &batch.schema(),
+            std::slice::from_ref(&batch),
+            "again",
+            None,
+            false,
+        )
+    };
+    let one = update().unwrap();
+    let weight = read_manifest(ds.snapshot_dir(), one.number())
+        .unwrap()
+        .columns
+        .into_iter()
+        .find(|c| c.name == "weight")
+        .unwrap();
+    let file = ds
+        .snapshot_dir()
+        .join("columns")
+        .join(format!("{}.arrow", weight.hash));
+    drop(one);
+    ds.checkout(0).unwrap();
+    // damage the weight file snapshot 1 wrote (in a new inode, as a disk
+    // error would look to a reader), then commit the same population on 0
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = bytes.len() - 40;
+    bytes[at] ^= 0x10;
+    std::fs::remove_file(&file).unwrap();
+    std::fs::write(&file, &bytes).unwrap();
+    match update().unwrap_err() {
+        Error::Corrupt { path, .. } => assert_eq!(path, file),
+        other => panic!("expected Corrupt, got {other}"),
+    }
+    assert_eq!(ds.head().unwrap(), 0);
 }

@@ -134,3 +134,14 @@ def test_a_metadata_column_named_like_a_payloads_column_is_refused(tmp_path, ds,
     ds.update_metadata(meta.with_columns(pl.lit(1).alias(f"{name}_")))
     joined = ds.sql("SELECT * FROM metadata JOIN payloads USING (cache_id, sample_id) LIMIT 3")
     assert {f"{name}_", "data"} <= set(joined.columns)
+
+
+def test_a_tampered_loader_state_is_invalid_input(ds):
+    state = ds.loader(8, seed=1).state_dict()
+    for key, value in [("position", -64), ("position", 2**70), ("snapshot", -1), ("epoch_len", 0)]:
+        with pytest.raises(InvalidInputError):
+            ds.loader(8, resume={**state, key: value})
+    broken = dict(state)
+    del broken["fingerprint"]
+    with pytest.raises(InvalidInputError, match="lacks"):
+        ds.loader(8, resume=broken)

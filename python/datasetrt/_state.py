@@ -118,6 +118,13 @@ def check_state(dataset: Dataset, state: Any, batch_size: int) -> dict[str, Any]
     """Validate a loader state against the dataset; returns it."""
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise InvalidInputError(f"resume takes a Loader.state_dict(), not {state!r}")
+    missing = {"seed", "epoch", "sampling", "epoch_len", "snapshot", "fingerprint", "position"}
+    missing -= set(state)
+    if missing:
+        raise InvalidInputError(f"the loader state lacks {sorted(missing)}")
+    check_version(state["snapshot"], "the state's snapshot")
+    check_int(state["position"], "the state's position")
+    check_int(state["epoch_len"], "the state's epoch_len", 1)
     try:
         fingerprint = dataset._native.fingerprint_of(state["snapshot"])
     except DatasetRTError as exc:

@@ -87,16 +87,19 @@ pub fn decode(path: &Path, buffer: Buffer) -> Result<(SchemaRef, Vec<RecordBatch
     }
     let footer = root_as_footer(&buffer[len - 10 - footer_len..len - 10])
         .map_err(|e| bad(format!("unreadable footer: {e}")))?;
-    let schema = Arc::new(fb_to_schema(
-        footer
-            .schema()
-            .ok_or_else(|| bad("footer has no schema".into()))?,
-    ));
+    let fb_schema = footer
+        .schema()
+        .ok_or_else(|| bad("footer has no schema".into()))?;
+    // fb_to_schema panics on some malformed schemas (found by the fuzzer)
+    let schema = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fb_to_schema(fb_schema)))
+        .map(Arc::new)
+        .map_err(|_| bad("unreadable schema in the footer".into()))?;
     let version = footer.version();
     let dictionaries: Vec<Block> = footer.dictionaries().iter().flatten().copied().collect();
     let records: Vec<Block> = footer.recordBatches().iter().flatten().copied().collect();
     // arrow's decoder trusts the buffer offsets inside a message and panics
-    // on ones past the body (found by engine/tests/it/fuzz.rs): a damaged
+    // on ones past the body (found by engine/tests/it/fuzz.rs, as were the
+    // schema panic above and arrays it returns invalid): a damaged
     // file must be an error naming it, never a panic. Every file reaching
     // here has passed its checksum, so only a crafted one gets this far.
     let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -124,6 +127,16 @@ pub fn decode(path: &Path, buffer: Buffer) -> Result<(SchemaRef, Vec<RecordBatch
                 .map_err(|e| bad(e.to_string()))?
             {
                 batches.push(batch);
+            }
+        }
+        // The decoder checks lengths, not contents (offsets, bitmaps): an
+        // array it returns can still make a later reader panic. Check fully.
+        for batch in &batches {
+            for column in batch.columns() {
+                column
+                    .to_data()
+                    .validate_full()
+                    .map_err(|e| bad(format!("invalid Arrow data: {e}")))?;
             }
         }
         Ok::<_, Error>(batches)

@@ -516,7 +516,10 @@ impl Snapshot {
             let file = dir.join(COLUMNS_DIR).join(format!("{}.arrow", entry.hash));
             let buffer = fs::map_buffer(&file, "snapshot column")?;
             verify_column(&file, buffer.len(), entry)?;
-            let (schema, batches) = ipc::decode(&file, buffer)?;
+            let (schema, batches) = match entry.crc {
+                Some(_) => ipc::decode_verified(&file, buffer)?,
+                None => ipc::decode(&file, buffer)?, // a version-1 manifest: no checksum
+            };
             let array = match batches.as_slice() {
                 [one] if one.num_columns() == 1 => one.column(0).clone(),
                 _ => return Err(Error::corrupt(&file, "expected one batch with one column")),

@@ -121,7 +121,7 @@ impl Cache {
                 ));
             }
         }
-        let (schema, batches) = ipc::read_mapped(&attributes_path, "cache attributes")?;
+        let (schema, batches) = ipc::read_mapped_verified(&attributes_path, "cache attributes")?;
         let attributes = if batches.len() == 1 {
             batches.into_iter().next().expect("one batch")
         } else {

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from ._state import MAX_DRAWS, check_epoch, check_int, check_seed, check_state, make_state
-from .exceptions import InvalidInputError
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -122,13 +121,6 @@ class Loader:
         resume: dict[str, Any] | None = None,
         snapshot: int | None = None,
     ):
-        for name, value, low in (
-            ("batch_size", batch_size, 1),
-            ("prefetch_bytes", prefetch_bytes, 1),
-            ("prefetch_batches", prefetch_batches, 1),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise InvalidInputError(f"{name} must be a positive int, got {value!r}")
         check_int(batch_size, "batch_size", 1, MAX_DRAWS)
         check_int(prefetch_bytes, "prefetch_bytes", 1, (1 << 63) - 1)
         check_int(prefetch_batches, "prefetch_batches", 1, 1 << 20)

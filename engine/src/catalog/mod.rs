@@ -52,10 +52,15 @@ fn discover(path: &Path) -> Result<Vec<PathBuf>> {
             path: path.to_path_buf(),
         });
     }
+    // leftovers of builds killed in this root (the cache's own root when
+    // the path is a cache), removed before any error
     if Cache::is_cache_dir(path) {
+        if let Some(root) = path.parent() {
+            fs::remove_stale_temps(root);
+        }
         return Ok(vec![path.to_path_buf()]);
     }
-    fs::remove_stale_temps(path); // a killed build's staging, before any error
+    fs::remove_stale_temps(path);
     let mut found = Vec::new();
     for entry in std::fs::read_dir(path).map_err(Error::io(path))? {
         let entry = entry.map_err(Error::io(path))?;
@@ -131,12 +136,7 @@ impl Dataset {
         };
         let snapshot_dir = base.join(format!("{:016x}", fnv1a(&key)));
         std::fs::create_dir_all(&snapshot_dir).map_err(Error::io(&snapshot_dir))?;
-        // leftovers of processes killed mid-build or mid-update
-        for cache in &caches {
-            if let Some(root) = cache.dir().parent() {
-                fs::remove_stale_temps(root);
-            }
-        }
+        // leftovers of processes killed mid-update (roots: see discover)
         fs::remove_stale_temps(&snapshot_dir);
         fs::remove_stale_temps(&snapshot_dir.join(snapshot::COLUMNS_DIR));
         fs::remove_stale_temps(&snapshot_dir.join(TAGS_DIR));

@@ -121,16 +121,11 @@ pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
 /// Write `bytes` to `path` through a temporary file, fsync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = temp_sibling(path);
-    let result = (|| {
-        let mut f = File::create(&tmp).map_err(Error::io(&tmp))?;
-        f.write_all(bytes).map_err(Error::io(&tmp))?;
-        f.sync_all().map_err(Error::io(&tmp))?;
-        fs::rename(&tmp, path).map_err(Error::io(path))
-    })();
-    if result.is_err() {
+    write_synced(&tmp, bytes)?;
+    if let Err(e) = fs::rename(&tmp, path) {
         let _ = fs::remove_file(&tmp);
+        return Err(Error::io(path)(e));
     }
-    result?;
     sync_dir(path.parent().unwrap_or(Path::new(".")))
 }
 

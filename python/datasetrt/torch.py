@@ -104,20 +104,31 @@ class TorchDataset(IterableDataset):
             snapshot=self.snapshot,
         )
 
-    def _counts(self) -> tuple[int, int]:
+    def _counts(self, world_size: int | None = None) -> tuple[int, int]:
         return self.dataset._native.draw_counts(
             self.snapshot,
             self.sampling,
             self.epoch_len,
             self.batch_size,
-            self.world_size,
+            self.world_size if world_size is None else world_size,
             self.drop_last,
         )
 
     def __len__(self) -> int:
-        """Batches this rank delivers per epoch (over all of its workers)."""
-        blocks = -(-self._counts()[1] // self.batch_size)
-        return len(range(self.rank, blocks, self.world_size))
+        """Batches this rank delivers in the next iteration (over all of its
+        workers): the whole epoch, or what is left of it after
+        :meth:`load_state_dict`."""
+        # The epoch's blocks for one reader; with several ranks, the blocks
+        # from the resume point on are padded (or cut) to a multiple of
+        # world_size, as DrawPlan::blocks does in the engine.
+        epoch_blocks = -(-self._counts(world_size=1)[1] // self.batch_size)
+        start = self._resume["position"] // self.batch_size if self._resume else 0
+        remaining = max(epoch_blocks - start, 0)
+        if self.world_size == 1:
+            return remaining
+        if self.drop_last:
+            return remaining // self.world_size
+        return -(-remaining // self.world_size)
 
     def state_dict(self, batches_seen: int) -> dict[str, Any]:
         """The state after this rank consumed ``batches_seen`` batches of the epoch

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import numbers
 import os
-import sys
-import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -14,6 +12,7 @@ import polars as pl
 
 from . import _native
 from ._arrow import arrow_stream
+from ._progress import Progress
 from .exceptions import InvalidInputError
 
 RESERVED = tuple(_native.RESERVED_COLUMNS)
@@ -88,36 +87,6 @@ def _column(source: str, key: str, values: list[Any]) -> pl.Series:
     return pl.Series(key, values, dtype=_DTYPES[kind], strict=True)
 
 
-class _Progress:
-    """tqdm when it is installed, else a line on stderr every few seconds."""
-
-    def __init__(self, name: str, total: int | None, enabled: bool):
-        self.bar = None
-        self.count = 0
-        self.enabled = enabled
-        self.name = name
-        self.last = time.monotonic()
-        if enabled:
-            try:
-                from tqdm.auto import tqdm
-
-                self.bar = tqdm(total=total, desc=f"caching {name}", unit=" samples")
-            except ImportError:
-                pass
-
-    def update(self, n: int) -> None:
-        self.count += n
-        if self.bar is not None:
-            self.bar.update(n)
-        elif self.enabled and time.monotonic() - self.last > 2.0:
-            self.last = time.monotonic()
-            print(f"caching {self.name}: {self.count} samples", file=sys.stderr)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def source_name(source: object) -> str:
     name = getattr(source, "name", None)
     if not isinstance(name, str):
@@ -144,7 +113,7 @@ def write_source(
         os.fspath(root), name, codec=codec, level=level, shard_bytes=shard_bytes, threads=threads
     )
     total = len(source) if hasattr(source, "__len__") else None  # type: ignore[arg-type]
-    bar = _Progress(name, total, progress)
+    bar = Progress(f"caching {name}", total, enabled=progress, unit=" samples")
     try:
         keys: list[str] | None = None
         keyset: Any = None

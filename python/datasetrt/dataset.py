@@ -9,8 +9,10 @@ from typing import Any
 
 import polars as pl
 
-from . import _native
+from . import _html, _native
 from ._arrow import arrow_stream
+from ._html import HtmlRepr
+from ._progress import Progress
 from ._state import (
     MAX_DRAWS,
     U64,
@@ -272,31 +274,65 @@ class Dataset:
         and ``message``; an empty frame means everything is intact. Unlike a
         read, it does not stop at the first problem.
         """
-        bar = None
-        if progress:
-            try:
-                from tqdm.auto import tqdm
-
-                bar = tqdm(desc="verifying", unit=" items")
-            except ImportError:
-                bar = None
-
-        def report(done: int, total: int) -> None:
-            if bar is not None:
-                bar.total = total
-                bar.n = done
-                bar.refresh()
-
-        try:
-            problems = self._native.verify(report if bar is not None else None)
-        finally:
-            if bar is not None:
-                bar.close()
+        with Progress("verifying", enabled=progress) as bar:
+            problems = self._native.verify(bar.set if bar.enabled else None)
         schema = {"kind": pl.String, "path": pl.String, "message": pl.String}
         rows = [
             {**p, "path": None if p["path"] is None else os.fspath(p["path"])} for p in problems
         ]
         return pl.DataFrame(rows, schema=schema)
+
+    # -- looking at the population ------------------------------------------------
+    def to_html(self, by: str | None = None) -> str:
+        """The notebook view: caches, rows, columns, the active snapshot, and the
+        class shares before and after weights by ``by`` (default: a column
+        named ``label``, ``class``, ``target``... when there is one)."""
+        return _html.dataset(self, by)
+
+    _repr_html_ = HtmlRepr._repr_html_
+    _repr_mimebundle_ = HtmlRepr._repr_mimebundle_
+
+    def population(
+        self,
+        by: str | list[str] | None = None,
+        *,
+        version: int | str | None = None,
+        sampling: str = "replacement",
+        epoch_len: int | None = None,
+    ) -> pl.DataFrame:
+        """What a run will draw, per value of ``by`` (one row without ``by``).
+
+        Columns: ``rows`` and ``row_share``; ``weight_sum`` and
+        ``draw_share``, the expected share of the draws; ``draws_per_epoch``
+        (for ``sampling`` and ``epoch_len`` as :meth:`loader` takes them);
+        ``ess``, Kish's effective sample size ``(Σw)² / Σw²``; and
+        ``max_weight_ratio``, the largest weight over the smallest positive
+        one. ``version`` (a number or a tag) reports on another snapshot.
+
+        >>> ds.population("label")  # doctest: +SKIP
+        """
+        from .population import population
+
+        return population(self, by, version=version, sampling=sampling, epoch_len=epoch_len)
+
+    def plot_population(
+        self,
+        by: str = "label",
+        *,
+        compare: int | str | None = None,
+        version: int | str | None = None,
+    ) -> Any:
+        """A matplotlib figure: the class shares by ``by`` and the weight histogram.
+
+        Without ``compare`` the shares of rows and of draws (before and after
+        weights) of the active snapshot; with ``compare`` (a snapshot number
+        or tag) the shares of draws of both, side by side. Needs matplotlib
+        (``pip install 'datasetrt[plot]'``); a notebook shows the figure,
+        elsewhere ``fig.savefig("population.png")``.
+        """
+        from .population import plot_population
+
+        return plot_population(self, by, compare=compare, version=version)
 
     # -- reading -----------------------------------------------------------------
     def get_item(self, cache_id: int, sample_id: int) -> Sample:

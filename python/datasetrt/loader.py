@@ -12,13 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from . import _html
+from ._html import HtmlRepr
 from ._state import MAX_DRAWS, check_epoch, check_int, check_seed, check_state, make_state
 
 if TYPE_CHECKING:
     from .dataset import Dataset
 
 
-class Sample:
+class Sample(HtmlRepr):
     """One sample: its payload ``data`` (bytes), identity and metadata.
 
     ``metadata`` is the sample's row in the population the sample was read
@@ -54,8 +56,12 @@ class Sample:
             f"Sample(cache_id={self.cache_id}, sample_id={self.sample_id}, {len(self.data)} bytes)"
         )
 
+    def to_html(self) -> str:
+        """Identity, payload size, a hex (and, for plain pickles, a value) preview, metadata."""
+        return _html.sample(self)
 
-class Batch:
+
+class Batch(HtmlRepr):
     """One batch from a loader: columnar access plus lazily built samples.
 
     ``data`` is the list of payloads; ``cache_id``/``sample_id``/``rows`` are
@@ -97,8 +103,12 @@ class Batch:
     def __repr__(self) -> str:
         return f"<datasetrt.Batch of {len(self)} samples>"
 
+    def to_html(self) -> str:
+        """The batch's metadata rows and payload sizes (the first rows and columns)."""
+        return _html.batch(self)
 
-class Loader:
+
+class Loader(HtmlRepr):
     """Iterator over :class:`Batch` objects; see :meth:`Dataset.loader`."""
 
     def __init__(
@@ -189,6 +199,17 @@ class Loader:
         rows, cache_id, sample_id, data = next(self._native)
         self._delivered += 1
         return Batch(rows, cache_id, sample_id, data, self._frame)
+
+    def __repr__(self) -> str:
+        s = self._state
+        return (
+            f"<datasetrt.Loader snapshot {s['snapshot']}, {s['sampling']}, seed {s['seed']}, "
+            f"epoch {s['epoch']}, batch_size {s['batch_size']}>"
+        )
+
+    def to_html(self) -> str:
+        """The loader's settings (its resume state) and plan."""
+        return _html.loader(self)
 
     def explain(self) -> str:
         """The loader's physical plan (``SampleExec → PayloadTakeExec``)."""

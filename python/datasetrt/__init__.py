@@ -57,8 +57,17 @@ __all__ = [
     "__version__",
     "build",
     "exceptions",
+    "load_ipython_extension",
     "open",
 ]
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext datasetrt``: adds the ``%drt_sql`` / ``%%drt_sql`` magic (see
+    :mod:`datasetrt.magic`)."""
+    from .magic import load_ipython_extension as load
+
+    load(ipython)
 
 
 def build(

@@ -56,6 +56,7 @@ __all__ = [
     "UnsupportedFormatError",
     "__version__",
     "build",
+    "build_ray",
     "exceptions",
     "load_ipython_extension",
     "open",
@@ -109,6 +110,14 @@ def build(
                 progress=progress,
             )
     return Dataset([root / name for name in names], snapshot_dir=snapshot_dir)
+
+
+def build_ray(root: PathLike, ray_dataset: Any, *, name: str, **options: Any) -> Dataset:
+    """Cache a ``ray.data.Dataset``, one cache per Ray block written by parallel
+    Ray tasks, and open them as one dataset; see :func:`datasetrt.ray.build_ray`."""
+    from .ray import build_ray as build_with_ray
+
+    return build_with_ray(root, ray_dataset, name=name, **options)
 
 
 def open(paths: PathLike | Sequence[PathLike], *, snapshot_dir: PathLike | None = None) -> Dataset:

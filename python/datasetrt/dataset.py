@@ -458,3 +458,10 @@ class Dataset:
         from .torch import TorchDataset
 
         return TorchDataset(self, batch_size=batch_size, seed=seed, epoch=epoch, **options)
+
+    def to_ray(self, batch_size: int = 64, *, seed: int, epoch: int = 0, **options: Any):
+        """A ``ray.data.Dataset`` of one epoch's draws, in the order of
+        :meth:`loader` on one process; see :mod:`datasetrt.ray`."""
+        from .ray import read_draws
+
+        return read_draws(self, batch_size=batch_size, seed=seed, epoch=epoch, **options)

@@ -1,0 +1,406 @@
+"""Ray Data adapter: read a dataset's draws as a ``ray.data.Dataset``, and
+build caches from one (:func:`build_ray`, one cache per Ray block).
+
+>>> rds = ds.to_ray(batch_size=256, seed=7)                 # doctest: +SKIP
+>>> for batch in rds.iter_batches(batch_size=64, batch_format="pyarrow"):  # doctest: +SKIP
+...     ...
+
+Reading: the epoch's global draw sequence (the one ``ds.loader(...)`` yields
+on one machine) is cut into contiguous ranges of whole loader batches; each
+Ray ``ReadTask`` reads its range through the native loader (mapped shards,
+checksums verified) and returns Arrow tables with the identities, the
+population's metadata columns and ``data``. The Ray dataset preserves block
+order, so ``iter_batches()`` yields the draws in the order of
+``ds.loader(...)``. Read tasks open the dataset by recipe (paths, snapshot),
+so they read the snapshot that was active when ``to_ray`` was called.
+
+Ray is optional: this module imports it, ``import datasetrt`` does not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+import pyarrow as pa
+import ray
+from ray.data import Datasource, ReadTask
+from ray.data.block import BlockMetadata
+
+from ._build import CHUNK_BYTES, CHUNK_RECORDS, RESERVED
+from ._state import MAX_DRAWS, check_epoch, check_int, check_seed
+from .exceptions import InvalidInputError
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+
+#: Target size of one Ray block (decoded payloads plus metadata) a read task returns.
+BLOCK_BYTES = 64 << 20
+
+
+class DrawsDatasource(Datasource):
+    """The draws of one epoch of a :class:`~datasetrt.Dataset` as a Ray datasource.
+
+    Use :meth:`datasetrt.Dataset.to_ray`; the arguments are those of
+    :meth:`datasetrt.Dataset.loader` for one process (rank 0 of 1).
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        batch_size: int,
+        seed: int,
+        epoch: int,
+        sampling: str,
+        epoch_len: int | None,
+        threads: int | None,
+        prefetch_bytes: int,
+    ):
+        super().__init__()
+        self.dataset = dataset
+        self.snapshot = dataset.version
+        self.batch_size = check_int(batch_size, "batch_size", 1, MAX_DRAWS)
+        self.seed = check_seed(seed)
+        self.epoch = check_epoch(epoch)
+        self.sampling = sampling
+        if threads is not None:
+            check_int(threads, "threads", 1, 1024)
+        self.threads = threads
+        self.prefetch_bytes = check_int(prefetch_bytes, "prefetch_bytes", 1, (1 << 63) - 1)
+        if epoch_len is not None:
+            check_int(epoch_len, "epoch_len", 1)
+        # (epoch_len, draws) for one reader: checks sampling and epoch_len now, not in a task
+        self.epoch_len, self.total = dataset._native.draw_counts(
+            self.snapshot, sampling, epoch_len, self.batch_size, 1, False
+        )
+        self.blocks = -(-self.total // self.batch_size)
+        frame = dataset.get_metadata() if self.snapshot == dataset.version else None
+        if frame is None:
+            frame = pl.DataFrame(dataset._native.metadata(self.snapshot))
+        self.schema = _arrow(frame.head(0), []).schema
+
+    def get_name(self) -> str:
+        return "DatasetRT"
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return None  # payload sizes are not known without reading the index
+
+    def get_read_tasks(
+        self,
+        parallelism: int,
+        per_task_row_limit: int | None = None,
+        data_context: Any = None,
+    ) -> list[ReadTask]:
+        tasks = max(1, min(parallelism, self.blocks))
+        bounds = [self.blocks * i // tasks for i in range(tasks + 1)]
+        out = []
+        for first, end in itertools.pairwise(bounds):
+            if first == end:
+                continue
+            rows = min(end * self.batch_size, self.total) - first * self.batch_size
+            meta = BlockMetadata(num_rows=rows, size_bytes=None, input_files=None, exec_stats=None)
+            out.append(
+                ReadTask(
+                    _ReadRange(self, first, end),
+                    meta,
+                    schema=self.schema,
+                    per_task_row_limit=per_task_row_limit,
+                )
+            )
+        return out
+
+
+class _ReadRange:
+    """A read task's function: loader blocks ``first .. end`` of the epoch, as
+    Arrow tables of about :data:`BLOCK_BYTES` (pickled with the dataset's recipe)."""
+
+    def __init__(self, source: DrawsDatasource, first: int, end: int):
+        self.source = source
+        self.first = first
+        self.end = end
+
+    def __call__(self) -> Iterator[pa.Table]:
+        src = self.source
+        ds = src.dataset
+        frame = (
+            ds.get_metadata()
+            if ds.version == src.snapshot
+            else pl.DataFrame(ds._native.metadata(src.snapshot))
+        )
+        count = self.end - self.first
+        loader = ds._native.loader(
+            src.seed,
+            src.epoch,
+            src.batch_size,
+            start_block=self.first,
+            rank=0,
+            world_size=1,
+            prefetch_bytes=src.prefetch_bytes,
+            prefetch_batches=max(1, min(4, count)),
+            concurrency=src.threads,
+            snapshot=src.snapshot,
+            sampling=src.sampling,
+            epoch_len=src.epoch_len,
+        )
+        rows: list[int] = []
+        datas: list[bytes] = []
+        size = 0
+        try:
+            for _ in range(count):
+                batch_rows, _cids, _sids, data = next(loader)
+                rows += batch_rows
+                datas += data
+                size += sum(map(len, data))
+                if size >= BLOCK_BYTES:
+                    yield _arrow(frame[rows], datas)
+                    rows, datas, size = [], [], 0
+        finally:
+            del loader  # stops the read-ahead of blocks past this range
+        if rows:
+            yield _arrow(frame[rows], datas)
+
+
+def _arrow(frame: pl.DataFrame, data: list[bytes]) -> pa.Table:
+    table = frame.to_arrow(compat_level=pl.CompatLevel.oldest())
+    return table.append_column("data", pa.array(data, type=pa.large_binary()))
+
+
+def read_draws(
+    dataset: Dataset,
+    *,
+    batch_size: int,
+    seed: int,
+    epoch: int = 0,
+    sampling: str = "replacement",
+    epoch_len: int | None = None,
+    threads: int | None = 1,
+    prefetch_bytes: int = 64 << 20,
+    override_num_blocks: int | None = None,
+) -> ray.data.Dataset:
+    """See :meth:`datasetrt.Dataset.to_ray`."""
+    source = DrawsDatasource(
+        dataset,
+        batch_size=batch_size,
+        seed=seed,
+        epoch=epoch,
+        sampling=sampling,
+        epoch_len=epoch_len,
+        threads=threads,
+        prefetch_bytes=prefetch_bytes,
+    )
+    if override_num_blocks is not None:
+        check_int(override_num_blocks, "override_num_blocks", 1)
+    rds = ray.data.read_datasource(source, override_num_blocks=override_num_blocks)
+    # Ray may finish read tasks out of order; the draws are a sequence.
+    rds.context.execution_options.preserve_order = True
+    return rds
+
+
+# -- building caches from a Ray dataset ----------------------------------------
+
+_KINDS = {
+    pl.Boolean: pl.Boolean,
+    pl.String: pl.String,
+    pl.Categorical: pl.String,
+    pl.Enum: pl.String,
+    pl.Binary: pl.Binary,
+    pl.Null: pl.Null,
+}
+
+
+def _metadata_frame(table: pa.Table, columns: list[str], part: str) -> pl.DataFrame:
+    """The metadata columns of one block, in the types every part shares
+    (Int64, Float64, Boolean, String, Binary), so the parts' populations join."""
+    frame = pl.from_arrow(table.select(columns)) if columns else pl.DataFrame()
+    assert isinstance(frame, pl.DataFrame)
+    casts = []
+    for name, dtype in frame.schema.items():
+        if dtype.is_integer():
+            casts.append(pl.col(name).cast(pl.Int64))
+        elif dtype.is_float():
+            casts.append(pl.col(name).cast(pl.Float64))
+        elif type(dtype) in _KINDS or dtype in _KINDS:
+            target = _KINDS.get(dtype, _KINDS.get(type(dtype)))
+            casts.append(pl.col(name).cast(target))
+        else:
+            raise InvalidInputError(
+                f"{part}: metadata column {name!r} has type {dtype}; supported types are "
+                f"integers, floats, bool, str and bytes"
+            )
+    return frame.with_columns(casts) if casts else frame
+
+
+def _write_part(
+    table: pa.Table,
+    root: str,
+    name: str,
+    data_column: str,
+    metadata_columns: list[str],
+    codec: str,
+    level: int,
+    shard_bytes: int,
+    threads: int | None,
+) -> dict[str, Any]:
+    """Publish one block as cache ``root/name`` (runs in a Ray task)."""
+    from . import _native
+    from ._arrow import arrow_stream
+
+    column = table.column(data_column)
+    if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
+        if not pa.types.is_binary_view(column.type) and not pa.types.is_fixed_size_binary(
+            column.type
+        ):
+            raise InvalidInputError(
+                f"{name}: data column {data_column!r} has type {column.type}; it must hold "
+                f"bytes (serialize the samples first, e.g. with pickle.dumps)"
+            )
+    if column.null_count:
+        raise InvalidInputError(f"{name}: data column {data_column!r} holds nulls")
+    meta = _metadata_frame(table, metadata_columns, name)
+    writer = _native.CacheWriter(
+        root, name, codec=codec, level=level, shard_bytes=shard_bytes, threads=threads
+    )
+    try:
+        datas: list[bytes] = []
+        pending = 0
+        for chunk in column.chunks:
+            for value in chunk.to_pylist():
+                datas.append(value)
+                pending += len(value)
+                if len(datas) >= CHUNK_RECORDS or pending >= CHUNK_BYTES:
+                    writer.add(datas)
+                    datas, pending = [], 0
+        if datas:
+            writer.add(datas)
+        attributes, nulls = arrow_stream(meta, "build_ray()")
+        return writer.finish(attributes, nulls=nulls)
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _part_names(name: str, parts: int) -> list[str]:
+    return [f"{name}-{i:05d}-of-{parts:05d}" for i in range(parts)]
+
+
+def _published_parts(root: Path, name: str) -> dict[int, list[str]]:
+    """Published parts of ``name`` under ``root``, by the part count they were built with."""
+    found: dict[int, list[str]] = {}
+    prefix = f"{name}-"
+    if not root.is_dir():
+        return found
+    for entry in root.iterdir():
+        rest = entry.name[len(prefix) :] if entry.name.startswith(prefix) else ""
+        index, of, parts = rest.partition("-of-")
+        if of and index.isdigit() and parts.isdigit() and len(index) == len(parts) == 5:
+            if (entry / "MANIFEST").is_file():
+                found.setdefault(int(parts), []).append(entry.name)
+    return found
+
+
+def build_ray(
+    root: str | os.PathLike[str],
+    ray_dataset: ray.data.Dataset,
+    *,
+    name: str,
+    data_column: str = "data",
+    metadata_columns: Sequence[str] = (),
+    codec: str = "zstd",
+    level: int = 3,
+    shard_bytes: int = 256 << 20,
+    threads: int | None = 1,
+    snapshot_dir: str | os.PathLike[str] | None = None,
+) -> Dataset:
+    """Cache a Ray dataset under ``root``, one cache per non-empty Ray block,
+    written by parallel Ray tasks; returns them opened as one dataset.
+
+    Each row of ``ray_dataset`` is a sample: ``data_column`` holds its
+    payload bytes, ``metadata_columns`` (integers, floats, bool, str or bytes)
+    become its metadata. The caches are named ``<name>-00000-of-000NN`` and
+    published only when every part is written (each into a hidden staging
+    directory first, then moved into ``root``), so ``drt.open(root)`` sees
+    all of them or none. As with :func:`datasetrt.build`, the name decides
+    reuse: **if the parts of ``name`` are already published under ``root``
+    they are opened without running the Ray dataset** (their cache ids stay
+    the same); a changed preprocessing needs a new name or root.
+    """
+    from . import Dataset, _native
+
+    if not isinstance(name, str):
+        raise InvalidInputError(f"name must be a str, got {name!r}")
+    _native.check_source_name(f"{name}-00000-of-00000")
+    metadata_columns = list(metadata_columns)
+    for column in metadata_columns:
+        if column in RESERVED or column == data_column:
+            raise InvalidInputError(
+                f"metadata column {column!r} is reserved (cache_id, sample_id and weight are "
+                f"set by DatasetRT) or is the data column"
+            )
+        _native.check_column_name(column)
+    root = Path(root)
+
+    def opened(parts: list[str]) -> Dataset:
+        return Dataset([root / p for p in sorted(parts)], snapshot_dir=snapshot_dir)
+
+    published = _published_parts(root, name)
+    for parts, names in published.items():
+        if len(names) == parts:
+            return opened(names)
+    if published:
+        leftovers = sorted(n for names in published.values() for n in names)
+        raise InvalidInputError(
+            f"{root}: only some parts of {name!r} are published ({', '.join(leftovers)}): "
+            f"an earlier build_ray was stopped while moving them in; remove them or use "
+            f"another name"
+        )
+
+    missing = {*metadata_columns, data_column} - set(ray_dataset.columns())
+    if missing:
+        raise InvalidInputError(
+            f"the Ray dataset has no column {sorted(missing)[0]!r} (it has {ray_dataset.columns()})"
+        )
+    # Whole columns only: one Arrow table per Ray block, in block order.
+    refs = ray_dataset.select_columns([data_column, *metadata_columns]).to_arrow_refs()
+    sizes = ray.get([_num_rows.remote(ref) for ref in refs])
+    blocks = [ref for ref, n in zip(refs, sizes, strict=True) if n]
+    if not blocks:
+        raise InvalidInputError(f"the Ray dataset for {name!r} has no rows")
+    names = _part_names(name, len(blocks))
+    root.mkdir(parents=True, exist_ok=True)
+    staging = root / f".ray-{name}-{uuid.uuid4().hex[:12]}"
+    staging.mkdir()
+    try:
+        write = ray.remote(_write_part)
+        ray.get(
+            [
+                write.remote(
+                    ref,
+                    os.fspath(staging),
+                    part,
+                    data_column,
+                    metadata_columns,
+                    codec,
+                    level,
+                    shard_bytes,
+                    threads,
+                )
+                for ref, part in zip(blocks, names, strict=True)
+            ]
+        )
+        for part in names:  # every part is written: move them in
+            os.rename(staging / part, root / part)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return opened(names)
+
+
+@ray.remote
+def _num_rows(table: pa.Table) -> int:
+    return table.num_rows

@@ -1,0 +1,193 @@
+"""Metadata at scale: what a population of 10^6, 10^7, 10^8 rows costs today.
+
+For each size (rows repeat the samples of one small cache, as a population
+that duplicates samples does; the per-row costs are those of the metadata,
+not of the payloads):
+
+- publish: ``update_metadata`` of the whole frame (every column written);
+- reweight: ``update_metadata`` of a new ``weight`` column, and the bytes it
+  writes (snapshots share unchanged columns: it should write one column);
+- open: ``drt.open`` + ``get_metadata`` in a fresh process (maps the snapshot
+  and verifies every column file's CRC once per process);
+- SQL group-by: ``SELECT label, count(*), sum(weight) ... GROUP BY label``;
+- alias build: the first weighted draw on a new snapshot (builds, stores and
+  maps the alias table);
+- per-reader memory: a fresh process that opens the dataset and reads 100
+  batches through ``ds.loader``: anonymous memory it owns (its own heap) and
+  the mapped file pages it touched (shared between readers by the OS).
+
+Run by hand: ``python tests/bench/bench_scale.py --profile release --json out.json``.
+``--profile`` labels the figures with the profile the extension was built in
+(``make release`` for benchmarks; the tests build the dev profile, which is
+many times slower in Rust-bound steps). The JSON feeds ``scale_sim.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import polars as pl
+
+import datasetrt as drt
+
+BASE = 100_000
+BATCH = 256
+
+
+class Tiny:
+    name = "scale-base"
+
+    def __len__(self) -> int:
+        return BASE
+
+    def __iter__(self):
+        for i in range(BASE):
+            yield i.to_bytes(16, "little"), {"label": i % 10, "quality": (i % 100) / 100.0}
+
+
+def tree_bytes(path: Path) -> dict[str, int]:
+    return {str(p): p.stat().st_size for p in path.rglob("*") if p.is_file()}
+
+
+READER = """
+import json, os, sys, time
+from pathlib import Path
+
+def mem():
+    fields = {}
+    for line in Path(f"/proc/{os.getpid()}/smaps_rollup").read_text().splitlines()[1:]:
+        k, v = line.split(":", 1)
+        fields[k] = int(v.split()[0])
+    return fields
+
+import datasetrt as drt
+m0 = mem()
+t = time.perf_counter()
+ds = drt.open(sys.argv[1])
+meta = ds.get_metadata()
+opened = time.perf_counter() - t
+m1 = mem()
+n = 0
+for b in ds.loader(batch_size=int(sys.argv[2]), seed=3, threads=1, prefetch_batches=1):
+    n += 1
+    if n == 100:
+        break
+m2 = mem()
+print(json.dumps({
+    "open_s": opened,
+    "anon_open_mib": (m1["Anonymous"] - m0["Anonymous"]) / 1024,
+    "anon_read_mib": (m2["Anonymous"] - m0["Anonymous"]) / 1024,
+    "rss_mib": m2["Rss"] / 1024,
+    "file_pages_mib": (m2["Rss"] - m2["Anonymous"] - m0["Rss"] + m0["Anonymous"]) / 1024,
+}))
+"""
+
+
+def reader(root: Path) -> dict[str, float]:
+    """A fresh process: open, get_metadata, 100 loader batches; its memory."""
+    out = subprocess.run(
+        [sys.executable, "-c", READER, str(root), str(BATCH)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def measure(root: Path, ds: drt.Dataset, base: pl.DataFrame, rows: int, repeat: int) -> dict:
+    res: dict = {"rows": rows}
+    reps = -(-rows // base.height)
+    frame = pl.concat([base] * reps).head(rows)
+    t0 = time.perf_counter()
+    ds.update_metadata(frame)
+    res["publish_s"] = time.perf_counter() - t0
+    del frame
+    snaps = root / "_snapshots"
+    res["snapshot_bytes_per_row"] = sum(tree_bytes(snaps).values()) / rows  # all snapshots so far
+
+    # reweight: a new weight column; what it writes on disk
+    meta = ds.get_metadata()
+    before = tree_bytes(root)
+    t0 = time.perf_counter()
+    ds.update_metadata(meta.with_columns((1.0 / pl.len().over("label")).alias("weight")))
+    res["reweight_s"] = time.perf_counter() - t0
+    after = tree_bytes(root)
+    res["reweight_written_bytes"] = sum(v for k, v in after.items() if k not in before)
+    res["weight_column_bytes"] = rows * 8
+
+    # SQL group-by (median of `repeat`)
+    q = "SELECT label, count(*) AS n, sum(weight) AS w FROM metadata GROUP BY label"
+    ds.sql(q)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        ds.sql(q)
+        times.append(time.perf_counter() - t0)
+    res["groupby_s"] = statistics.median(times)
+
+    # alias build on a fresh snapshot (first weighted draw builds it)
+    ds.update_metadata(ds.get_metadata().with_columns((pl.col("quality") + 0.01).alias("weight")))
+    t0 = time.perf_counter()
+    ds.draws(1, count=1)
+    res["alias_build_s"] = time.perf_counter() - t0
+
+    # a fresh reader process (page cache warm: the files were just written)
+    runs = [reader(root) for _ in range(max(1, repeat // 2))]
+    for key in runs[0]:
+        res[f"reader_{key}"] = statistics.median(r[key] for r in runs)
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--profile", required=True, help="the extension's build profile (dev/release)")
+    p.add_argument("--json", type=Path)
+    p.add_argument("--dir", type=Path, default=None, help="where to build (default: a temp dir)")
+    args = p.parse_args()
+
+    results = {
+        "profile": args.profile,
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "sizes": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="drt-scale-", dir=args.dir) as tmp:
+        root = Path(tmp)
+        ds = drt.build(root, [Tiny()], progress=False)
+        base = ds.get_metadata().select("cache_id", "sample_id", "label", "quality", "weight")
+        print(f"extension profile: {args.profile}; {os.cpu_count()} CPUs")
+        for rows in args.rows:
+            res = measure(root, ds, base, rows, args.repeat)
+            results["sizes"].append(res)
+            print(json.dumps(res))
+            sys.stdout.flush()
+            ds.cleanup(keep=1)
+    print(
+        "\n| rows | open | SQL group-by | reweight (written) | alias build "
+        "| reader anon / file pages |\n|---|---|---|---|---|---|"
+    )
+    for r in results["sizes"]:
+        print(
+            f"| {r['rows']:.0e} | {r['reader_open_s'] * 1e3:.0f} ms "
+            f"| {r['groupby_s'] * 1e3:.0f} ms "
+            f"| {r['reweight_s'] * 1e3:.0f} ms ({r['reweight_written_bytes'] / 2**20:.0f} MiB) "
+            f"| {r['alias_build_s'] * 1e3:.0f} ms | {r['reader_anon_read_mib']:.0f} / "
+            f"{r['reader_file_pages_mib']:.0f} MiB |"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -31,7 +31,7 @@ import polars as pl
 
 from . import open as open_dataset
 from .dataset import Dataset
-from .exceptions import DatasetRTError
+from .exceptions import CorruptCacheError, DatasetRTError
 
 OK, FAILED, USAGE, CORRUPT = 0, 1, 2, 3
 
@@ -214,8 +214,39 @@ def cmd_export(args: argparse.Namespace) -> int:
     return OK
 
 
+def _problem(exc: DatasetRTError) -> pl.DataFrame:
+    path = getattr(exc, "path", None)
+    return pl.DataFrame(
+        {"kind": [type(exc).__name__], "path": [path and os.fspath(path)], "message": [str(exc)]},
+        schema={"kind": pl.String, "path": pl.String, "message": pl.String},
+    )
+
+
+def verify_report(path: str, snapshot_dir: str | None, progress: bool) -> pl.DataFrame:
+    """:meth:`Dataset.verify` of the dataset at ``path``. When damage keeps
+    it from opening (a cut shard), that problem, plus the report of each
+    cache under ``path`` that still opens on its own."""
+    try:
+        return open_dataset(path, snapshot_dir=snapshot_dir).verify(progress=progress)
+    except CorruptCacheError as exc:
+        problems = [_problem(exc)]
+        bad = getattr(exc, "path", None)
+    caches = [p.parent for p in sorted(Path(path).glob("*/MANIFEST"))] or [Path(path)]
+    for cache in caches:
+        if bad is not None and Path(bad).is_relative_to(cache):
+            continue  # reported above
+        # Alone, a cache gets a throwaway snapshot directory: verify writes nothing here.
+        with tempfile.TemporaryDirectory() as scratch:
+            try:
+                report = open_dataset(cache, snapshot_dir=scratch).verify(progress=progress)
+            except DatasetRTError as exc:
+                report = _problem(exc)
+            problems.append(report.filter(~pl.col("path").fill_null("").str.starts_with(scratch)))
+    return pl.concat(problems)
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
-    report = _open(args).verify(progress=not args.no_progress)
+    report = verify_report(args.path, args.snapshot_dir, not args.no_progress)
     if args.json:
         print(_json({"ok": report.height == 0, "problems": report.to_dicts()}))
     elif report.height == 0:

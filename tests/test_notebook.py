@@ -3,9 +3,14 @@ magic, population reports and plots, and progress display."""
 
 from __future__ import annotations
 
+import base64
 import io
+import os
 import pickle
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -208,3 +213,37 @@ def test_progress_uses_tqdm_on_a_terminal():
     with _progress.Progress("verifying", stream=shown) as p:
         p.set(3, 7)
     assert "verifying" in shown.getvalue() and "3/7" in shown.getvalue()
+
+
+def test_the_example_notebook_runs_and_shows_escaped_tables_and_a_plot(tmp_path):
+    pytest.importorskip("nbclient")
+    import nbformat
+
+    root = Path(__file__).resolve().parents[1]
+    executed = tmp_path / "explore.ipynb"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(root / "examples" / "run_notebook.py"),
+            "--executed",
+            str(executed),
+            "--timeout",
+            "120",
+        ],
+        env={**os.environ, "DATASETRT_EXAMPLE_ROOT": str(tmp_path / "caches")},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    outputs = [o for c in nbformat.read(executed, as_version=4).cells for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"]
+    assert not [o for o in outputs if "Traceback" in o.get("text", "")]
+    html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    views = [h for h in html if "datasetrt.Dataset" in h]
+    # the note of the selected snapshot holds its query, `quality >= 0.5`, escaped
+    assert any("<table>" in h and "quality &gt;= 0.5" in h for h in views), views
+    assert not any("quality >= 0.5" in h for h in html)
+    assert any("datasetrt.Sample" in h and "pickle" in h for h in html)  # numpy preview
+    pngs = [o["data"]["image/png"] for o in outputs if "image/png" in o.get("data", {})]
+    assert len(pngs) == 1 and base64.b64decode(pngs[0]).startswith(b"\x89PNG")

@@ -8,6 +8,8 @@ loader. matplotlib is needed only for the plot (``pip install 'datasetrt[plot]'`
 
 from __future__ import annotations
 
+import functools
+import io
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -114,6 +116,21 @@ def _shares(rep: pl.DataFrame, key: str, column: str) -> dict[str, float]:
     return {str(k): float(v) for k, v in zip(rep[key], rep[column], strict=True)}
 
 
+@functools.cache
+def _figure_class() -> type:
+    """matplotlib's Figure that also shows itself in IPython and Jupyter as a PNG
+    (a figure made without pyplot is not displayed by the inline backend)."""
+    from matplotlib.figure import Figure
+
+    class PopulationFigure(Figure):
+        def _repr_png_(self) -> bytes:
+            buf = io.BytesIO()
+            self.savefig(buf, format="png", bbox_inches="tight")
+            return buf.getvalue()
+
+    return PopulationFigure
+
+
 def plot_population(
     dataset: Dataset,
     by: str = "label",
@@ -124,7 +141,7 @@ def plot_population(
 ) -> Any:
     """See :meth:`datasetrt.Dataset.plot_population`."""
     try:
-        from matplotlib.figure import Figure
+        figure = _figure_class()
     except ImportError:
         raise ImportError(
             "plot_population() draws with matplotlib: pip install 'datasetrt[plot]'"
@@ -162,7 +179,7 @@ def plot_population(
             series[i] = (title, {**{c: shares.get(c, 0.0) for c in classes}, "others": rest})
         classes.append("others")
 
-    fig = Figure(figsize=(11, 4), layout="constrained")
+    fig = figure(figsize=(11, 4), layout="constrained")
     left, right = fig.subplots(1, 2, width_ratios=[3, 2])
     width = 0.8 / len(series)
     for i, (title, shares) in enumerate(series):
@@ -175,10 +192,10 @@ def plot_population(
     left.legend(fontsize="small")
 
     for title, data in [*others, (name, frame)]:
-        right.hist(
-            data["weight"].to_numpy(), bins=bins, histtype="step", linewidth=1.5, label=title
-        )
-    right.set_xlabel("weight")
+        # relative to the mean, so that snapshots weighted on different scales compare
+        relative = (data["weight"] / data["weight"].mean()).to_numpy()
+        right.hist(relative, bins=bins, histtype="step", linewidth=1.5, label=title)
+    right.set_xlabel("weight / mean weight")
     right.set_ylabel("rows")
     right.set_yscale("log")
     ratio = whole["max_weight_ratio"]

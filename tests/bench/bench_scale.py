@@ -57,6 +57,12 @@ def tree_bytes(path: Path) -> dict[str, int]:
     return {str(p): p.stat().st_size for p in path.rglob("*") if p.is_file()}
 
 
+def snapshot_bytes(ds: drt.Dataset) -> int:
+    """Bytes of the active snapshot's column files (from its manifest's ``column=`` lines)."""
+    lines = ds.snapshot_path.read_text().splitlines()
+    return sum(int(line.split()[2]) for line in lines if line.startswith("column="))
+
+
 READER = """
 import json, os, sys, time
 from pathlib import Path
@@ -111,8 +117,7 @@ def measure(root: Path, ds: drt.Dataset, base: pl.DataFrame, rows: int, repeat: 
     ds.update_metadata(frame)
     res["publish_s"] = time.perf_counter() - t0
     del frame
-    snaps = root / "_snapshots"
-    res["snapshot_bytes_per_row"] = sum(tree_bytes(snaps).values()) / rows  # all snapshots so far
+    res["snapshot_bytes_per_row"] = snapshot_bytes(ds) / rows
 
     # reweight: a new weight column; what it writes on disk
     meta = ds.get_metadata()
@@ -123,6 +128,7 @@ def measure(root: Path, ds: drt.Dataset, base: pl.DataFrame, rows: int, repeat: 
     after = tree_bytes(root)
     res["reweight_written_bytes"] = sum(v for k, v in after.items() if k not in before)
     res["weight_column_bytes"] = rows * 8
+    res["alias_bytes_per_row"] = 12  # f64 probability + u32 alias (docs/FORMAT.md)
 
     # SQL group-by (median of `repeat`)
     q = "SELECT label, count(*) AS n, sum(weight) AS w FROM metadata GROUP BY label"

@@ -1,0 +1,160 @@
+"""Simulate the metadata of 10^8, 10^9 and 10^10 samples from measured per-row costs.
+
+Reads the JSON ``bench_scale.py --json`` writes, takes the per-row costs of
+its largest measured size, and prints for each population size two layouts
+(docs/scale.md): the single-file snapshot of today and the partitioned one of
+the plan. Everything is linear in rows except what the partitioned layout
+makes per partition; the assumptions are arguments with defaults, printed
+with the table.
+
+    python tests/bench/scale_sim.py /tmp/scale.json
+    python tests/bench/scale_sim.py /tmp/scale.json --part-rows 67108864 --nodes 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+PAGE = 4096
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def human_s(s: float) -> str:
+    if s < 1:
+        return f"{s * 1e3:.0f} ms"
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def simulate(cost: dict, rows: int, a: argparse.Namespace) -> dict:
+    """Both layouts at ``rows`` from the per-row costs in ``cost``."""
+    per_row = cost["snapshot_bytes_per_row"]
+    alias_per_row = cost["alias_bytes_per_row"]
+    columns = a.columns
+    snap = rows * per_row
+    alias = rows * alias_per_row
+    ranks = a.nodes * a.ranks_per_node
+    processes_per_node = a.ranks_per_node * (1 + a.workers_per_rank)
+    draws_per_node = rows / a.nodes  # one epoch of weighted draws, as many as rows
+    # A weighted draw reads its alias entry, then its row's cache_id and
+    # sample_id: the loader's hot set. Today ids are two Int64 columns; the
+    # plan stores them per partition as a u16 index into the partition's
+    # caches and a u32 sample id (6 bytes).
+    hot_single = rows * (alias_per_row + 16)
+    hot_parts = rows * (alias_per_row + 6)
+    cold_reads = draws_per_node * 3 * PAGE  # every touch a 4 KiB page miss
+    single = {
+        "files": columns + 1,
+        "largest file": human_bytes(rows * 8),
+        "on disk (columns + alias)": human_bytes(snap + alias),
+        # every process verifies every column file once (CRC over the whole file)
+        "open / process": human_s(cost["open_s_per_row"] * rows),
+        "verify reads / node": human_bytes(snap * processes_per_node),
+        "anon / reader": f"{cost['anon_mib']:.0f} MiB",
+        "loader hot set / node": human_bytes(hot_single),
+        "metadata reads / node / epoch": human_bytes(min(cold_reads, hot_single)),
+        "group-by": human_s(cost["groupby_s_per_row"] * rows) + " (1 process)",
+        # one thread, into the file's mapping; aliases are u32 (sample/alias.rs)
+        "alias build": human_s(cost["alias_s_per_row"] * rows) + " (1 thread)"
+        if rows <= 2**32
+        else "refused: u32 aliases cap a table at 2^32 rows",
+        "alias table (mapped)": human_bytes(alias),
+        "reweight writes": human_bytes(rows * 8),
+        "reweight": human_s(cost["reweight_s_per_row"] * rows),
+    }
+    parts = max(1, math.ceil(rows / a.part_rows))
+    part_rows = min(rows, a.part_rows)
+    cores = a.sql_workers * a.cores_per_worker
+    waves = math.ceil(parts / cores)  # a partition is one task
+    partitioned = {
+        "partitions": parts,
+        "files": parts * (columns + 1) + 2,
+        "largest file": human_bytes(part_rows * 8),
+        "on disk (columns + alias)": human_bytes(snap + alias),
+        # the manifest lists partitions; chunks (1 MiB CRCs) are verified when
+        # first read, once per node (a verified-chunk bitmap in shared memory)
+        "open / process": human_s(parts * 20e-6 + 1e-3),
+        "verify reads / node": human_bytes(min(cold_reads, hot_parts)),
+        "anon / reader": f"{cost['anon_mib'] + parts * 256 / 2**20:.0f} MiB",
+        "loader hot set / node": human_bytes(hot_parts),
+        "metadata reads / node / epoch": human_bytes(min(cold_reads, hot_parts)),
+        "group-by": f"{human_s(cost['groupby_s_per_row'] * part_rows * waves)} "
+        f"({a.sql_workers} x {a.cores_per_worker} cores)",
+        "alias build": f"{human_s(cost['alias_s_per_row'] * part_rows * waves)} "
+        f"({parts} tables in parallel + one of {parts} masses)",
+        "alias table (mapped)": human_bytes(part_rows * alias_per_row) + " / partition",
+        "reweight writes": human_bytes(rows * 8),
+        "reweight": human_s(cost["reweight_s_per_row"] * part_rows * waves) + " (parallel)",
+    }
+    return {"rows": rows, "ranks": ranks, "single": single, "partitioned": partitioned}
+
+
+def costs(path: Path) -> tuple[dict, dict]:
+    data = json.loads(path.read_text())
+    top = max(data["sizes"], key=lambda r: r["rows"])
+    n = top["rows"]
+    return data, {
+        "rows": n,
+        "snapshot_bytes_per_row": top["snapshot_bytes_per_row"],
+        "alias_bytes_per_row": top.get("alias_bytes_per_row", 12),
+        "open_s_per_row": top["reader_open_s"] / n,
+        "groupby_s_per_row": top["groupby_s"] / n,
+        "alias_s_per_row": top["alias_build_s"] / n,
+        "reweight_s_per_row": top["reweight_s"] / n,
+        "anon_mib": top["reader_anon_read_mib"],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("measured", type=Path, help="JSON written by bench_scale.py --json")
+    p.add_argument("--rows", type=float, nargs="+", default=[1e8, 1e9, 1e10])
+    p.add_argument("--columns", type=int, default=5, help="columns in the snapshot")
+    p.add_argument("--part-rows", type=int, default=1 << 26, help="rows per partition")
+    p.add_argument("--nodes", type=int, default=16, help="training nodes")
+    p.add_argument("--ranks-per-node", type=int, default=8)
+    p.add_argument("--workers-per-rank", type=int, default=4, help="DataLoader workers")
+    p.add_argument("--sql-workers", type=int, default=16, help="datafusion-distributed workers")
+    p.add_argument("--cores-per-worker", type=int, default=16)
+    p.add_argument("--json", type=Path, help="also write the simulated figures here")
+    a = p.parse_args()
+
+    data, cost = costs(a.measured)
+    print(
+        f"per-row costs measured at {cost['rows']:,} rows (extension profile: "
+        f"{data['profile']}, {data['cpus']} CPUs): "
+        + ", ".join(f"{k}={v:.3g}" for k, v in cost.items() if k != "rows")
+    )
+    print(
+        f"assumed: {a.nodes} nodes x {a.ranks_per_node} ranks x {a.workers_per_rank} "
+        f"workers; partitions of {a.part_rows:,} rows; SQL on {a.sql_workers} workers x "
+        f"{a.cores_per_worker} cores; one epoch = as many weighted draws as rows\n"
+    )
+    out = [simulate(cost, int(r), a) for r in a.rows]
+    for layout in ("single", "partitioned"):
+        keys = list(out[0][layout])
+        print(f"### {layout} layout\n")
+        print("| | " + " | ".join(f"{r['rows']:.0e} rows" for r in out) + " |")
+        print("|---|" + "---|" * len(out))
+        for k in keys:
+            print(f"| {k} | " + " | ".join(str(r[layout][k]) for r in out) + " |")
+        print()
+    if a.json:
+        a.json.write_text(json.dumps({"costs": cost, "simulated": out}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -128,14 +128,14 @@ class _ReadRange:
 
     def __call__(self) -> Iterator[pa.Table]:
         src = self.source
-        ds = src.dataset
+        dataset = src.dataset
         frame = (
-            ds.get_metadata()
-            if ds.version == src.snapshot
-            else pl.DataFrame(ds._native.metadata(src.snapshot))
+            dataset.get_metadata()
+            if dataset.version == src.snapshot
+            else pl.DataFrame(dataset._native.metadata(src.snapshot))
         )
         count = self.end - self.first
-        loader = ds._native.loader(
+        loader = dataset._native.loader(
             src.seed,
             src.epoch,
             src.batch_size,

@@ -89,14 +89,17 @@ def root(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("sampling", ["permutation", "replacement"])
+@pytest.mark.parametrize(
+    ("sampling", "method"), [("permutation", "fork"), ("replacement", "spawn")]
+)
 def test_torchrun_ranks_with_workers_split_one_sequence_and_resume_elastically(
-    root, tmp_path, sampling
+    root, tmp_path, sampling, method
 ):
     ds = drt.open(root)
     expected = single(ds, sampling)
     assert len(expected) == 40
     common = ["--root", root, "--batch-size", BS, "--seed", SEED, "--sampling", sampling]
+    common += ["--method", method]  # how the DataLoader starts its workers
 
     # Two ranks, two DataLoader workers each: one full epoch, then a pass stopped after 7.
     two = torchrun(2, tmp_path / "two.json", *common, "--workers", 2, "--stop", 7)

@@ -16,6 +16,7 @@ environment after ``init_process_group`` to make sure of it).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 
@@ -60,7 +61,8 @@ def main() -> None:
     p.add_argument("--resume")
     args = p.parse_args()
 
-    dist.init_process_group("gloo")
+    # fail in a minute, not gloo's default 30, when a peer is gone
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     expected = (dist.get_rank(), dist.get_world_size())
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         os.environ.pop(name, None)

@@ -49,13 +49,14 @@ def simulate(cost: dict, rows: int, a: argparse.Namespace) -> dict:
     ranks = a.nodes * a.ranks_per_node
     processes_per_node = a.ranks_per_node * (1 + a.workers_per_rank)
     draws_per_node = rows / a.nodes  # one epoch of weighted draws, as many as rows
-    # A weighted draw reads its alias entry, then its row's cache_id and
-    # sample_id: the loader's hot set. Today ids are two Int64 columns; the
+    # A weighted draw reads its alias entry (probability and alias), then its
+    # row's cache_id and sample_id: the loader's hot set. Today ids are two Int64 columns; the
     # plan stores them per partition as a u16 index into the partition's
     # caches and a u32 sample id (6 bytes).
     hot_single = rows * (alias_per_row + 16)
     hot_parts = rows * (alias_per_row + 6)
-    cold_reads = draws_per_node * 3 * PAGE  # every touch a 4 KiB page miss
+    # probability, alias, cache_id, sample_id: four 4 KiB pages when none is cached
+    cold_reads = draws_per_node * 4 * PAGE
     single = {
         "files": columns + 1,
         "largest file": human_bytes(rows * 8),

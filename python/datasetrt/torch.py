@@ -9,6 +9,12 @@ epoch; the DataLoader collects from its workers in turn, so it delivers the
 same sequence as ``num_workers=0``. It pickles by recipe (cache paths, snapshot
 number, options) and reopens the caches lazily in each worker; under ``fork``
 the native runtime is rebuilt in the child.
+
+Under torchrun, create it after ``torch.distributed.init_process_group``:
+``rank`` and ``world_size`` then come from the process group (else from the
+``RANK``/``WORLD_SIZE`` variables torchrun sets). The ranks' batches are
+disjoint parts of one global sequence, equal in number, and a state saved on
+one number of ranks resumes on another (``tests/test_torchrun.py``).
 """
 
 from __future__ import annotations

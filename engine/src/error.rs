@@ -32,6 +32,10 @@ pub enum Error {
         supported: u32,
     },
 
+    /// An object store refused or failed a request (after its retries).
+    #[error("object store error on {object}: {detail}")]
+    Remote { object: String, detail: String },
+
     /// An operating-system I/O error, with the path it happened on.
     #[error("I/O error on {}: {source}", path.display())]
     Io {

@@ -25,7 +25,7 @@ pub fn to_py(err: Error) -> PyErr {
         Error::NotFound { .. } => "CacheNotFoundError",
         Error::Corrupt { .. } => "CorruptCacheError",
         Error::UnsupportedVersion { .. } => "UnsupportedFormatError",
-        Error::Io { .. } => "StorageError",
+        Error::Io { .. } | Error::Remote { .. } => "StorageError",
         Error::Conflict { .. } => "ConflictError",
         Error::DataFusion(_) => "QueryError",
         Error::Arrow(_) => "DatasetRTError",
@@ -42,8 +42,14 @@ pub fn to_py(err: Error) -> PyErr {
                 Error::Conflict { dir, .. } => Some(dir),
                 _ => None,
             };
-            if let Some(path) = path {
-                exc.setattr("path", path)?;
+            // an object's URL stays a string (a Path would fold its "//")
+            match (path, &err) {
+                (_, Error::Remote { object, .. }) => exc.setattr("path", object)?,
+                (Some(p), _) if datasetrt::store::remote::is_url(&p.to_string_lossy()) => {
+                    exc.setattr("path", p.to_string_lossy())?
+                }
+                (Some(p), _) => exc.setattr("path", p)?,
+                (None, _) => {}
             }
             if let Error::Conflict { base, head, .. } = &err {
                 exc.setattr("base", base)?;

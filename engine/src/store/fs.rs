@@ -203,3 +203,19 @@ pub fn map_file(path: &Path, what: &'static str) -> Result<Mmap> {
     // against headers before any byte is trusted.
     unsafe { Mmap::map(&file) }.map_err(Error::io(path))
 }
+
+/// Free bytes `offset..offset + len` of `file` (reads give zeros after),
+/// keeping its size. Best effort: a file system without hole punching keeps
+/// the bytes, which only costs disk.
+pub fn punch_hole(file: &File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain syscall on an open descriptor; no memory is passed.
+    unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        );
+    }
+}

@@ -19,6 +19,7 @@ pub mod fs;
 pub mod ipc;
 pub mod manifest;
 mod reader;
+pub mod remote;
 pub mod take;
 mod writer;
 

@@ -1,6 +1,7 @@
 //! An opened, published cache: manifest checked, index and shards mapped.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::buffer::Buffer;
@@ -16,6 +17,7 @@ use super::format::{
 use super::fs::{map_buffer, map_file};
 use super::ipc;
 use super::manifest::Manifest;
+use super::remote::{block_on, Remote, Replica};
 use crate::{Error, Result};
 
 /// A published cache, opened read-only. Cheap to share behind an `Arc`.
@@ -27,6 +29,9 @@ pub struct Cache {
     index: Mmap,
     shards: Vec<(PathBuf, Buffer)>,
     attributes: RecordBatch,
+    /// Set for a cache in an object store: `dir` is its local replica, whose
+    /// shards are sparse, and records are read through the replica.
+    replica: Option<Arc<Replica>>,
 }
 
 impl Cache {
@@ -48,6 +53,37 @@ impl Cache {
     /// header, length and checksum, every shard's length and header, and the
     /// attributes file's checksum. Record bytes are checked on each read.
     pub fn open(dir: &Path) -> Result<Cache> {
+        Self::open_checked(dir)
+    }
+
+    /// Open cache `name` of the object store at `remote`: replicate its
+    /// metadata into the local cache directory and open the replica.
+    pub fn open_remote(remote: &Arc<Remote>, name: &str) -> Result<Cache> {
+        let dir = block_on({
+            let remote = remote.clone();
+            let name = name.to_string();
+            async move { remote.replicate(&name).await }
+        })??;
+        let mut cache = Self::open_checked(&dir)?;
+        let entries = (0..cache.records())
+            .map(|s| cache.entry(s))
+            .collect::<Result<Vec<_>>>()?;
+        cache.replica = Some(Arc::new(Replica::open(
+            remote.clone(),
+            name,
+            &dir,
+            cache.shards.len(),
+            entries.into_iter(),
+        )?));
+        Ok(cache)
+    }
+
+    /// The replica, for a cache in an object store.
+    pub fn replica(&self) -> Option<&Arc<Replica>> {
+        self.replica.as_ref()
+    }
+
+    fn open_checked(dir: &Path) -> Result<Cache> {
         if !dir.is_dir() {
             return Err(Error::NotFound {
                 what: "cache directory",
@@ -146,6 +182,7 @@ impl Cache {
             index,
             shards,
             attributes,
+            replica: None,
         })
     }
 
@@ -213,6 +250,11 @@ impl Cache {
         e: &IndexEntry,
         verify: bool,
     ) -> Result<(&Buffer, usize, usize)> {
+        if self.replica.is_some() {
+            return Err(Error::invalid(
+                "internal: records of a remote cache are read through read_entry",
+            ));
+        }
         let (path, shard) = self.shards.get(e.shard as usize).ok_or_else(|| {
             Error::corrupt(
                 &self.index_path,
@@ -261,6 +303,20 @@ impl Cache {
         out: &mut [u8],
         verify: bool,
     ) -> Result<()> {
+        if let Some(replica) = &self.replica {
+            // verified on the copy, whatever `verify` says: the replica may not hold it
+            if e.codec == super::Codec::None && e.stored_len == e.raw_len {
+                return replica.read(sample_id, e.checksum, out);
+            }
+            let mut stored = vec![0u8; e.stored_len as usize];
+            replica.read(sample_id, e.checksum, &mut stored)?;
+            return decode_into(e.codec, &stored, out).map_err(|detail| {
+                Error::corrupt(
+                    &self.shards[e.shard as usize].0,
+                    format!("sample {sample_id}: {detail}"),
+                )
+            });
+        }
         let (shard, start, end) = self.stored(sample_id, e, verify)?;
         decode_into(e.codec, &shard[start..end], out).map_err(|detail| {
             let path = &self.shards[e.shard as usize].0;

@@ -153,14 +153,20 @@ fn read_group<'a>(
         let (c, sample) = rows[row as usize];
         let cache = &caches[c as usize];
         let entry = cache.entry(sample)?;
-        let (shard, start, end) = cache.stored(sample, &entry, true)?;
+        // a remote cache's records are copied out and verified on the copy
+        let mapped = match cache.replica() {
+            None => Some(cache.stored(sample, &entry, true)?),
+            Some(_) => None,
+        };
         let view = if entry.raw_len <= MAX_INLINE_VIEW_LEN {
             // at most 12 bytes: they live in the view itself
             let mut small = [0u8; MAX_INLINE_VIEW_LEN as usize];
             let small = &mut small[..entry.raw_len as usize];
             cache.read_entry(sample, &entry, small, false)?;
             make_view(small, 0, 0)
-        } else if entry.codec == Codec::None && shard.len() <= u32::MAX as usize {
+        } else if let Some((shard, start, end)) = mapped
+            .filter(|(shard, _, _)| entry.codec == Codec::None && shard.len() <= u32::MAX as usize)
+        {
             let key = (c, entry.shard);
             // rows are in (cache, sample) order: mostly the last shard again
             let found = buffers

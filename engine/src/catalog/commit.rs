@@ -79,6 +79,11 @@ pub fn read_head(dir: &Path) -> Result<Option<u64>> {
     })
 }
 
+/// The snapshot number a head record's bytes name, if they are intact.
+pub fn parse_head(raw: &[u8]) -> Option<u64> {
+    parse_record(HEADER, raw)
+}
+
 fn encode_record(header: &str, number: u64) -> String {
     let body = format!("{header}\nsnapshot={number}\n");
     let crc = crc32c(body.as_bytes());

@@ -3,6 +3,7 @@
 //! moves.
 
 pub mod commit;
+mod mirror;
 mod snapshot;
 mod validate;
 
@@ -16,6 +17,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
 pub use snapshot::{read_manifest, Manifest, Snapshot};
 
+use crate::store::remote::{self, Remote, RemoteOptions};
 use crate::store::{fs, Cache};
 use crate::{Error, Result};
 
@@ -33,6 +35,9 @@ pub struct OpenOptions {
     /// Base directory for metadata snapshots; default `<root>/_snapshots`.
     /// Each combination of caches gets its own subdirectory.
     pub snapshot_dir: Option<PathBuf>,
+    /// How to reach paths that are URLs (`s3://...`), and where their local
+    /// replicas live.
+    pub remote: RemoteOptions,
 }
 
 /// Caches plus the active metadata snapshot.
@@ -41,6 +46,8 @@ pub struct Dataset {
     caches: Arc<[Arc<Cache>]>,
     snapshot_dir: PathBuf,
     active: RwLock<Arc<Snapshot>>,
+    /// The bucket that holds the snapshots, for a dataset of remote caches.
+    mirror: Option<mirror::Mirror>,
 }
 
 /// Find the caches a path names: the path itself when it is a cache directory,
@@ -105,8 +112,25 @@ impl Dataset {
         }
         let mut by_id: BTreeMap<i64, Arc<Cache>> = BTreeMap::new();
         for path in paths {
-            for dir in discover(path)? {
-                let cache = Cache::open(&dir)?;
+            let opened: Vec<Cache> = match path.to_str().filter(|p| remote::is_url(p)) {
+                Some(url) => {
+                    let remote = Remote::new(url, options.remote.clone())?;
+                    let names = remote::block_on({
+                        let remote = remote.clone();
+                        async move { remote.discover().await }
+                    })??;
+                    names
+                        .iter()
+                        .map(|name| Cache::open_remote(&remote, name))
+                        .collect::<Result<_>>()?
+                }
+                None => discover(path)?
+                    .iter()
+                    .map(|dir| Cache::open(dir))
+                    .collect::<Result<_>>()?,
+            };
+            for cache in opened {
+                let dir = cache.dir().to_path_buf();
                 if let Some(other) = by_id.get(&cache.id()) {
                     let same =
                         std::fs::canonicalize(other.dir()).ok() == std::fs::canonicalize(&dir).ok();
@@ -124,8 +148,26 @@ impl Dataset {
             }
         }
         let caches: Vec<Arc<Cache>> = by_id.into_values().collect();
+        // remote caches: whole chunks, never evicted, when the budget holds them all
+        let replicas = || caches.iter().filter_map(|c| c.replica());
+        let remote_bytes: u64 = replicas().map(|r| r.total_bytes()).sum();
+        let whole = options.remote.cache_bytes.is_none_or(|b| b >= remote_bytes);
+        replicas().for_each(|r| r.set_whole(whole));
 
         let key: Vec<u8> = caches.iter().flat_map(|c| c.id().to_le_bytes()).collect();
+        // caches all in one bucket keep their snapshots there too, unless
+        // `snapshot_dir` says otherwise
+        let urls: std::collections::BTreeSet<&str> = caches
+            .iter()
+            .map(|c| c.replica().map_or("", |r| r.remote().url()))
+            .collect();
+        let mirror = match (&options.snapshot_dir, caches[0].replica()) {
+            (None, Some(r)) if urls.len() == 1 => Some(mirror::Mirror::new(
+                r.remote().clone(),
+                &format!("{:016x}", fnv1a(&key)),
+            )),
+            _ => None,
+        };
         let base = match options.snapshot_dir {
             Some(dir) => dir,
             None => caches[0]
@@ -141,6 +183,9 @@ impl Dataset {
         fs::remove_stale_temps(&snapshot_dir.join(snapshot::COLUMNS_DIR));
         fs::remove_stale_temps(&snapshot_dir.join(TAGS_DIR));
 
+        if let Some(m) = &mirror {
+            m.pull(&snapshot_dir)?;
+        }
         let numbers = Self::list_in(&snapshot_dir)?;
         let snapshot = match commit::current(&snapshot_dir, &numbers)? {
             Some(n) => Snapshot::open(&snapshot_dir, n)?,
@@ -158,7 +203,20 @@ impl Dataset {
                             None,
                         )?;
                         commit::write_head(&snapshot_dir, n, &guard)?;
-                        n
+                        match &mirror {
+                            Some(m) => match m.push_commit(&snapshot_dir, n, n) {
+                                Ok(()) => n,
+                                Err(Error::Conflict { .. }) => {
+                                    // another reader of the bucket created it first: take theirs
+                                    let path = snapshot_dir.join(Snapshot::file_name(n));
+                                    std::fs::remove_file(&path).map_err(Error::io(&path))?;
+                                    m.pull(&snapshot_dir)?;
+                                    commit::read_head(&snapshot_dir)?.unwrap_or(n)
+                                }
+                                Err(e) => return Err(e),
+                            },
+                            None => n,
+                        }
                     }
                 };
                 Snapshot::open(&snapshot_dir, number)?
@@ -168,6 +226,7 @@ impl Dataset {
             caches: caches.into(),
             snapshot_dir,
             active: RwLock::new(Arc::new(snapshot)),
+            mirror,
         })
     }
 
@@ -181,6 +240,20 @@ impl Dataset {
         }
         numbers.sort_unstable();
         Ok(numbers)
+    }
+
+    /// Download counters of the remote caches, summed (zero when all are local).
+    pub fn fetch_stats(&self) -> remote::FetchStats {
+        let mut sum = remote::FetchStats::default();
+        for r in self.caches.iter().filter_map(|c| c.replica()) {
+            let s = r.stats();
+            sum.requests += s.requests;
+            sum.bytes += s.bytes;
+            sum.hits += s.hits;
+            sum.misses += s.misses;
+            sum.evicted_bytes += s.evicted_bytes;
+        }
+        sum
     }
 
     /// The caches of this dataset, sorted by `cache_id`.
@@ -223,6 +296,14 @@ impl Dataset {
     /// The snapshot the head record names now (another process may have
     /// moved it since this dataset was opened).
     pub fn head(&self) -> Result<u64> {
+        if let Some(m) = &self.mirror {
+            m.pull(&self.snapshot_dir)?;
+        }
+        self.local_head()
+    }
+
+    /// The head of the local snapshot directory (for a bucket: as last pulled).
+    fn local_head(&self) -> Result<u64> {
         commit::read_head(&self.snapshot_dir)?.ok_or_else(|| {
             Error::corrupt(
                 self.snapshot_dir.join(commit::HEAD_FILE),
@@ -263,6 +344,18 @@ impl Dataset {
         let number = snapshot::publish(&self.snapshot_dir, &batch, next, note, Some(head))?;
         let snapshot = Arc::new(Snapshot::open(&self.snapshot_dir, number)?);
         commit::write_head(&self.snapshot_dir, number, &guard)?;
+        if let Some(m) = &self.mirror {
+            if let Err(e) = m.push_commit(&self.snapshot_dir, number, head) {
+                // the bucket refused: this directory goes back to the bucket's state
+                commit::write_head(&self.snapshot_dir, head, &guard)?;
+                let path = self.snapshot_dir.join(Snapshot::file_name(number));
+                let _ = std::fs::remove_file(&path);
+                return Err(match e {
+                    Error::Conflict { dir, head, .. } => Error::Conflict { dir, base, head },
+                    e => e,
+                });
+            }
+        }
         *self.active.write().expect("snapshot lock") = snapshot.clone();
         Ok(snapshot)
     }
@@ -290,7 +383,11 @@ impl Dataset {
         }
         let dir = self.snapshot_dir.join(TAGS_DIR);
         std::fs::create_dir_all(&dir).map_err(Error::io(&dir))?;
-        fs::write_atomic(&dir.join(name), commit::encode_tag(number).as_bytes())
+        fs::write_atomic(&dir.join(name), commit::encode_tag(number).as_bytes())?;
+        match &self.mirror {
+            Some(m) => m.push_tag(&self.snapshot_dir, name),
+            None => Ok(()),
+        }
     }
 
     /// Every tag and the snapshot it names.
@@ -336,9 +433,11 @@ impl Dataset {
                 used.extend(snapshot::manifest_columns(&self.snapshot_dir, n)?);
             }
         }
+        let mut deleted: Vec<String> = Vec::new();
         for &n in &removed {
             let path = self.snapshot_dir.join(Snapshot::file_name(n));
             std::fs::remove_file(&path).map_err(Error::io(&path))?;
+            deleted.push(Snapshot::file_name(n));
         }
         let columns = self.snapshot_dir.join(snapshot::COLUMNS_DIR);
         for entry in std::fs::read_dir(&columns).map_err(Error::io(&columns))? {
@@ -347,9 +446,13 @@ impl Dataset {
             let stem = name.split('.').next().unwrap_or_default();
             if !name.starts_with('.') && !used.contains(stem) {
                 std::fs::remove_file(entry.path()).map_err(Error::io(entry.path()))?;
+                deleted.push(format!("{}/{name}", snapshot::COLUMNS_DIR));
             }
         }
         fs::sync_dir(&self.snapshot_dir)?;
+        if let Some(m) = &self.mirror {
+            m.delete(&deleted)?; // manifests first: no kept snapshot names these columns
+        }
         Ok(removed)
     }
 
@@ -366,10 +469,17 @@ impl Dataset {
     /// head moves to it (a rollback; no snapshot is deleted).
     pub fn checkout(&self, number: u64) -> Result<Arc<Snapshot>> {
         let guard = commit::lock(&self.snapshot_dir)?;
-        // opened under the lock: a cleanup cannot delete it before the head
-        // names it
+        let before = self.head()?; // pulls a bucket's head first
+                                   // opened under the lock: a cleanup cannot delete it before the head
+                                   // names it
         let snapshot = self.snapshot_at(number)?;
         commit::write_head(&self.snapshot_dir, number, &guard)?;
+        if let Some(m) = &self.mirror {
+            if let Err(e) = m.push_head(&self.snapshot_dir, before) {
+                commit::write_head(&self.snapshot_dir, before, &guard)?;
+                return Err(e);
+            }
+        }
         *self.active.write().expect("snapshot lock") = snapshot.clone();
         Ok(snapshot)
     }
@@ -402,14 +512,19 @@ impl Dataset {
         let total = self.caches.iter().map(|c| c.records()).sum::<u64>() + numbers.len() as u64;
         let mut done = 0;
         for cache in self.caches.iter() {
-            let reopened = match Cache::open(cache.dir()) {
-                Ok(c) => c,
-                Err(e) => {
-                    problems.push(e);
-                    done += cache.records();
-                    continue;
-                }
+            // a remote cache is read (and fetched) through its replica
+            let reopened = match cache.replica() {
+                Some(_) => None,
+                None => match Cache::open(cache.dir()) {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        problems.push(e);
+                        done += cache.records();
+                        continue;
+                    }
+                },
             };
+            let reopened = reopened.as_ref().unwrap_or(cache);
             let mut buf = Vec::new();
             for sample in 0..reopened.records() {
                 buf.clear();

@@ -1,0 +1,240 @@
+//! The snapshots of a dataset whose caches are in a bucket live in the bucket
+//! too, under `<url>/_snapshots/<key>/`, file for file as in a local snapshot
+//! directory; each process works on a local copy (in its replica directory).
+//!
+//! The commit protocol (`commit`) maps onto the object store's conditional
+//! writes: a snapshot manifest is uploaded with `PutMode::Create` (a number
+//! another writer took is refused, never overwritten) and the head with
+//! `PutMode::Update` at the version this process last read (or `Create` when
+//! there is none), so a head another writer moved is a [`Error::Conflict`],
+//! not a lost update. Column files are content-addressed: uploading one twice
+//! writes the same bytes. Every commit first brings the local copy up to the
+//! bucket's head ([`Mirror::pull`]), under the local commit lock.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
+
+use super::commit;
+use super::snapshot::{self, Snapshot};
+use crate::store::fs;
+use crate::store::remote::{block_on, Remote};
+use crate::{Error, Result};
+
+/// Folder of a bucket's snapshot directories.
+pub const REMOTE_SNAPSHOTS: &str = "_snapshots";
+
+#[derive(Debug)]
+pub struct Mirror {
+    remote: Arc<Remote>,
+    key: String,
+    /// The bucket's head as this process last read or wrote it.
+    head: Mutex<Option<UpdateVersion>>,
+}
+
+impl Mirror {
+    pub fn new(remote: Arc<Remote>, key: &str) -> Mirror {
+        Mirror {
+            remote,
+            key: key.to_string(),
+            head: Mutex::new(None),
+        }
+    }
+
+    fn base(&self) -> ObjectPath {
+        self.remote.object(&[REMOTE_SNAPSHOTS, &self.key])
+    }
+
+    fn object(&self, rel: &str) -> ObjectPath {
+        let mut parts = vec![REMOTE_SNAPSHOTS, self.key.as_str()];
+        parts.extend(rel.split('/'));
+        self.remote.object(&parts)
+    }
+
+    /// Where errors say the snapshots are.
+    pub fn url(&self) -> String {
+        self.remote.object_url(&self.base())
+    }
+
+    /// Bring into `dir` every snapshot file of the bucket it lacks, the tags
+    /// and the head (whose version later commits are conditional on).
+    pub fn pull(&self, dir: &Path) -> Result<()> {
+        let remote = self.remote.clone();
+        let base = self.base();
+        let dir = dir.to_path_buf();
+        let version = block_on(async move {
+            let client = remote.client()?;
+            let listed: Vec<object_store::ObjectMeta> = client
+                .list(Some(&base))
+                .try_collect()
+                .await
+                .map_err(|e| Error::Remote {
+                    object: remote.object_url(&base),
+                    detail: e.to_string(),
+                })?;
+            let mut head = None;
+            for meta in listed {
+                let Some(parts) = meta.location.prefix_match(&base) else {
+                    continue;
+                };
+                let rel: Vec<String> = parts.map(|p| p.as_ref().to_string()).collect();
+                let rel = rel.join("/");
+                let local = dir.join(&rel);
+                let is_head = rel == commit::HEAD_FILE;
+                if !is_head && !rel.starts_with("tags/") && local.exists() {
+                    continue; // manifests and columns never change
+                }
+                let got = client
+                    .get(&meta.location)
+                    .await
+                    .map_err(|e| Error::Remote {
+                        object: remote.object_url(&meta.location),
+                        detail: e.to_string(),
+                    })?;
+                let version = UpdateVersion {
+                    e_tag: got.meta.e_tag.clone(),
+                    version: got.meta.version.clone(),
+                };
+                let bytes = got.bytes().await.map_err(|e| Error::Remote {
+                    object: remote.object_url(&meta.location),
+                    detail: e.to_string(),
+                })?;
+                if let Some(parent) = local.parent() {
+                    std::fs::create_dir_all(parent).map_err(Error::io(parent))?;
+                }
+                fs::write_atomic(&local, &bytes)?;
+                if is_head {
+                    head = Some(version);
+                }
+            }
+            Ok::<_, Error>(head)
+        })??;
+        *self.head.lock().unwrap_or_else(|p| p.into_inner()) = version;
+        Ok(())
+    }
+
+    /// Upload snapshot `number` of `dir` (its columns, then its manifest,
+    /// created only if absent) and move the bucket's head to it from the
+    /// version last pulled. `base` is the head the commit was derived from,
+    /// for the conflict error.
+    pub fn push_commit(&self, dir: &Path, number: u64, base: u64) -> Result<()> {
+        let mut files: Vec<String> = snapshot::manifest_columns(dir, number)?
+            .into_iter()
+            .map(|hash| format!("{}/{hash}.arrow", snapshot::COLUMNS_DIR))
+            .collect();
+        files.sort();
+        files.dedup();
+        for rel in &files {
+            self.put(dir, rel, PutMode::Overwrite)?;
+        }
+        let manifest = Snapshot::file_name(number);
+        if !self.put(dir, &manifest, PutMode::Create)? {
+            return Err(self.conflict(base));
+        }
+        self.push_head(dir, base)
+    }
+
+    /// Move the bucket's head to what `dir`'s head names, conditional on the
+    /// version last pulled.
+    pub fn push_head(&self, dir: &Path, base: u64) -> Result<()> {
+        let mode = match self.head.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            Some(v) => PutMode::Update(v),
+            None => PutMode::Create,
+        };
+        if !self.put(dir, commit::HEAD_FILE, mode)? {
+            return Err(self.conflict(base));
+        }
+        Ok(())
+    }
+
+    /// Upload tag `name` of `dir`.
+    pub fn push_tag(&self, dir: &Path, name: &str) -> Result<()> {
+        self.put(
+            dir,
+            &format!("{}/{name}", super::TAGS_DIR),
+            PutMode::Overwrite,
+        )
+        .map(|_| ())
+    }
+
+    /// Delete snapshot files (paths relative to the snapshot directory) from
+    /// the bucket; ones already gone are fine.
+    pub fn delete(&self, rels: &[String]) -> Result<()> {
+        for rel in rels {
+            let remote = self.remote.clone();
+            let object = self.object(rel);
+            block_on(async move {
+                match remote.client()?.delete(&object).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                    Err(e) => Err(Error::Remote {
+                        object: remote.object_url(&object),
+                        detail: e.to_string(),
+                    }),
+                }
+            })??;
+        }
+        Ok(())
+    }
+
+    /// The conflict another writer's commit caused: its head, as the bucket says.
+    fn conflict(&self, base: u64) -> Error {
+        let head = block_on({
+            let remote = self.remote.clone();
+            let path = self.object(commit::HEAD_FILE);
+            async move { remote.get_opt(&path).await }
+        })
+        .ok()
+        .and_then(|r| r.ok().flatten())
+        .and_then(|raw| commit::parse_head(&raw))
+        .unwrap_or(base);
+        Error::Conflict {
+            dir: self.url().into(),
+            base,
+            head,
+        }
+    }
+
+    /// Put `dir/rel`; `Ok(false)` when the mode's condition does not hold.
+    fn put(&self, dir: &Path, rel: &str, mode: PutMode) -> Result<bool> {
+        let path = dir.join(rel);
+        let bytes = std::fs::read(&path).map_err(Error::io(&path))?;
+        let remote = self.remote.clone();
+        let object = self.object(rel);
+        let is_head = rel == commit::HEAD_FILE;
+        let result = block_on(async move {
+            let client = remote.client()?;
+            let opts = PutOptions {
+                mode,
+                ..Default::default()
+            };
+            match client
+                .put_opts(&object, PutPayload::from(Bytes::from(bytes)), opts)
+                .await
+            {
+                Ok(done) => Ok(Some(UpdateVersion {
+                    e_tag: done.e_tag,
+                    version: done.version,
+                })),
+                Err(object_store::Error::AlreadyExists { .. })
+                | Err(object_store::Error::Precondition { .. }) => Ok(None),
+                Err(e) => Err(Error::Remote {
+                    object: remote.object_url(&object),
+                    detail: e.to_string(),
+                }),
+            }
+        })??;
+        match result {
+            Some(version) => {
+                if is_head {
+                    *self.head.lock().unwrap_or_else(|p| p.into_inner()) = Some(version);
+                }
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}

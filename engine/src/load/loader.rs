@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use super::draws::{DrawPlan, SampleExec};
+use super::prefetch::Progress;
 use crate::catalog::{Dataset, Snapshot};
 use crate::query::take::{binary_view_bytes, PayloadTakeExec};
 use crate::{Error, Result};
@@ -51,6 +52,8 @@ pub struct Loader {
     plan: Arc<dyn ExecutionPlan>,
     rx: mpsc::Receiver<Result<LoadedBatch>>,
     task: JoinHandle<()>,
+    /// Fetches remote records ahead of `task` (remote caches only).
+    prefetch: Option<JoinHandle<()>>,
 }
 
 impl Loader {
@@ -83,6 +86,13 @@ impl Loader {
             ));
         }
         let budget = prefetch.bytes.min(u32::MAX as usize);
+        let progress = Arc::new(Progress::default());
+        let fetcher = super::prefetch::start(
+            dataset.cache_set(),
+            snapshot.clone(),
+            draws.clone(),
+            progress.clone(),
+        )?;
         let plan = Self::plan(dataset, snapshot, draws, prefetch.concurrency)?;
         let (tx, rx) = mpsc::channel(prefetch.batches);
         let semaphore = Arc::new(Semaphore::new(budget));
@@ -98,6 +108,7 @@ impl Loader {
             while let Some(next) = stream.next().await {
                 let item = match next {
                     Ok(batch) => {
+                        progress.advance(batch.num_rows() as u64);
                         // payload bytes (views may point into shared, mapped shards)
                         let data = batch.column(batch.num_columns() - 1);
                         let bytes = (binary_view_bytes(data.as_ref()) + batch.num_rows() * 16)
@@ -118,7 +129,12 @@ impl Loader {
                 }
             }
         });
-        Ok(Loader { plan, rx, task })
+        Ok(Loader {
+            plan,
+            rx,
+            task,
+            prefetch: fetcher,
+        })
     }
 
     /// The next batch, `None` at the end of this reader's share of the epoch.
@@ -142,5 +158,8 @@ impl Loader {
 impl Drop for Loader {
     fn drop(&mut self) {
         self.task.abort();
+        if let Some(prefetch) = &self.prefetch {
+            prefetch.abort();
+        }
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod draws;
 mod loader;
+pub mod prefetch;
 
 pub use draws::{DrawPlan, SampleExec};
 pub use loader::{LoadedBatch, Loader, Prefetch};

@@ -1,0 +1,302 @@
+//! Fetching remote records before the loader reads them, in the order it will.
+//!
+//! The loader's draws are a pure function of (seed, epoch, position) and the
+//! snapshot, so the prefetcher knows this reader's whole future: it walks the
+//! same [`DrawPlan`] ahead of the consumer and keeps `requests` range requests
+//! in flight into the caches' replicas (`store::remote`).
+//!
+//! The policy, per dataset:
+//! - **The budget holds every remote byte** (or there is none): records are
+//!   fetched as whole chunks of their shard (about `CHUNK_BYTES`, whole
+//!   records) the first time one of them is needed, and nothing is evicted, so
+//!   every byte is downloaded at most once, ever.
+//! - **It does not:** exactly the needed records are fetched (consecutive ones
+//!   in one request), and when the replicas would exceed the budget the held
+//!   records needed *latest* are evicted first — by their next use in this
+//!   epoch, then in the next one, never-again first (Belady's rule, exact
+//!   because the future is known). Records fetched ahead and not yet read are
+//!   needed sooner than anything else, so they stay. While the budget holds
+//!   the read-ahead window, each needed byte is downloaded at most once per
+//!   epoch.
+//!
+//! Everything here is an optimisation: a record the prefetcher has not
+//! fetched (or failed to fetch) is fetched when it is read, and its error, if
+//! any, is reported there.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::Notify;
+
+use super::draws::{epoch_sampler, DrawPlan};
+use crate::catalog::Snapshot;
+use crate::store::remote::{self, FetchRange, Replica};
+use crate::store::take::cache_position;
+use crate::store::Cache;
+use crate::Result;
+
+/// Bytes fetched ahead of the consumer when the budget holds everything.
+const AHEAD_BYTES: u64 = 256 << 20;
+
+/// How far the consumer has read: draws of this reader delivered so far.
+#[derive(Debug, Default)]
+pub struct Progress {
+    consumed: AtomicU64,
+    moved: Notify,
+}
+
+impl Progress {
+    pub fn advance(&self, draws: u64) {
+        self.consumed.fetch_add(draws, Ordering::Release);
+        self.moved.notify_waiters();
+    }
+
+    fn consumed(&self) -> u64 {
+        self.consumed.load(Ordering::Acquire)
+    }
+}
+
+/// The remote caches of a dataset: (cache position, replica).
+fn replicas(caches: &[Arc<Cache>]) -> Vec<(usize, Arc<Replica>)> {
+    caches
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| c.replica().map(|r| (i, r.clone())))
+        .collect()
+}
+
+/// This reader's draws of one epoch, as (cache position, sample), in order.
+fn my_draws(
+    caches: &[Arc<Cache>],
+    snapshot: &Snapshot,
+    plan: &DrawPlan,
+) -> Result<Vec<(u32, u64)>> {
+    let sampler = epoch_sampler(snapshot, plan)?;
+    let ids = snapshot.cache_ids().values();
+    let samples = snapshot.sample_ids().values();
+    let mut out = Vec::new();
+    let mut hint = 0;
+    for b in plan.my_blocks() {
+        let (start, end) = plan.block_range(b);
+        for k in start..end {
+            let row = sampler.row(k) as usize;
+            hint = cache_position(caches, ids[row], hint).unwrap_or(hint);
+            out.push((hint as u32, samples[row] as u64));
+        }
+    }
+    Ok(out)
+}
+
+/// Next uses of every record, over this epoch's draws followed by the next
+/// epoch's: positions, grouped by record.
+struct NextUse {
+    positions: HashMap<(u32, u64), Vec<u64>>,
+}
+
+impl NextUse {
+    fn new(sequence: impl Iterator<Item = (u32, u64)>) -> Self {
+        let mut positions: HashMap<(u32, u64), Vec<u64>> = HashMap::new();
+        for (i, key) in sequence.enumerate() {
+            positions.entry(key).or_default().push(i as u64);
+        }
+        NextUse { positions }
+    }
+
+    /// First use of `key` at or after position `now` (`u64::MAX`: never).
+    fn after(&self, key: (u32, u64), now: u64) -> u64 {
+        let Some(p) = self.positions.get(&key) else {
+            return u64::MAX;
+        };
+        let i = p.partition_point(|&x| x < now);
+        p.get(i).copied().unwrap_or(u64::MAX)
+    }
+}
+
+/// Start prefetching `plan`'s draws of the remote caches among `caches`;
+/// `None` when there are none. The task ends with the epoch, on its first
+/// error, or when the handle is dropped.
+pub fn start(
+    caches: Arc<[Arc<Cache>]>,
+    snapshot: Arc<Snapshot>,
+    plan: DrawPlan,
+    progress: Arc<Progress>,
+) -> Result<Option<tokio::task::JoinHandle<()>>> {
+    let remotes = replicas(&caches);
+    if remotes.is_empty() {
+        return Ok(None);
+    }
+    let handle = remote::spawn(async move {
+        let _ = run(caches, remotes, snapshot, plan, progress).await;
+    })?;
+    Ok(Some(handle))
+}
+
+async fn run(
+    caches: Arc<[Arc<Cache>]>,
+    remotes: Vec<(usize, Arc<Replica>)>,
+    snapshot: Arc<Snapshot>,
+    plan: DrawPlan,
+    progress: Arc<Progress>,
+) -> Result<()> {
+    let whole = remotes.iter().all(|(_, r)| r.whole());
+    let budget = remotes[0].1.remote().options().cache_bytes;
+    let requests = remotes[0].1.remote().options().requests;
+    let by_position: HashMap<usize, Arc<Replica>> = remotes.iter().cloned().collect();
+    let draws = {
+        let (caches, snapshot, plan) = (caches.clone(), snapshot.clone(), plan.clone());
+        tokio::task::spawn_blocking(move || my_draws(&caches, &snapshot, &plan))
+            .await
+            .map_err(|e| crate::Error::invalid(format!("prefetch planning failed: {e}")))??
+    };
+    if draws.is_empty() {
+        return Ok(());
+    }
+    let mean = {
+        let bytes: u64 = remotes.iter().map(|(_, r)| r.total_bytes()).sum();
+        let records: u64 = remotes.iter().map(|(_, r)| r.records()).sum();
+        (bytes / records.max(1)).max(1)
+    };
+    // Belady needs the future past this epoch: the next epoch's draws
+    let next_use = if whole {
+        None
+    } else {
+        let (caches, snapshot) = (caches.clone(), snapshot.clone());
+        let mut next = plan.clone();
+        next.epoch += 1;
+        next.start_block = 0;
+        let this: Vec<(u32, u64)> = draws.clone();
+        Some(Arc::new(
+            tokio::task::spawn_blocking(move || {
+                let following = my_draws(&caches, &snapshot, &next).unwrap_or_default();
+                NextUse::new(this.into_iter().chain(following))
+            })
+            .await
+            .map_err(|e| crate::Error::invalid(format!("prefetch planning failed: {e}")))?,
+        ))
+    };
+    let ahead_bytes = match (whole, budget) {
+        (true, _) | (false, None) => AHEAD_BYTES,
+        (false, Some(b)) => (b / 4).max(1),
+    };
+    let ahead = (ahead_bytes / mean).max(plan.batch_size as u64 * 2);
+    let step = (plan.batch_size as u64).max(requests as u64);
+
+    // The planner claims the ranges of the draws inside the window, in order,
+    // evicting first when the budget needs it; the fetchers keep `requests`
+    // of them in flight.
+    let (tx, rx) = tokio::sync::mpsc::channel::<(Arc<Replica>, FetchRange)>(requests * 4);
+    // After a failed fetch the rest are released unfetched: readers fetch
+    // (and report) themselves.
+    let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fetchers = tokio::spawn({
+        let failed = failed.clone();
+        async move {
+            tokio_stream_from(rx)
+                .map(|(replica, range)| {
+                    let failed = failed.clone();
+                    async move {
+                        if failed.load(Ordering::Relaxed) {
+                            replica.release(&range);
+                        } else if replica.fetch_range(range).await.is_err() {
+                            failed.store(true, Ordering::Relaxed);
+                        }
+                    }
+                })
+                .buffer_unordered(requests)
+                .for_each(|_| futures::future::ready(()))
+                .await;
+        }
+    });
+    let mut pos = 0u64;
+    let total = draws.len() as u64;
+    'plan: while pos < total {
+        let limit = loop {
+            let limit = progress.consumed() + ahead;
+            if pos < limit {
+                break limit;
+            }
+            let moved = progress.moved.notified();
+            if progress.consumed() + ahead > pos {
+                continue;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(50), moved).await;
+            if failed.load(Ordering::Relaxed) {
+                break 'plan; // readers fetch (and report) themselves
+            }
+        };
+        let end = (pos + step).min(total).min(limit);
+        let mut wanted: HashMap<usize, Vec<u64>> = HashMap::new();
+        for &(c, s) in &draws[pos as usize..end as usize] {
+            if by_position.contains_key(&(c as usize)) {
+                wanted.entry(c as usize).or_default().push(s);
+            }
+        }
+        if let (Some(next_use), Some(budget)) = (&next_use, budget) {
+            let incoming: u64 = wanted
+                .iter()
+                .flat_map(|(c, samples)| {
+                    let r = &by_position[c];
+                    samples
+                        .iter()
+                        .filter(|&&s| !r.is_present(s))
+                        .map(move |&s| r.record_bytes(s))
+                })
+                .sum();
+            let held: u64 = remotes.iter().map(|(_, r)| r.present_bytes()).sum();
+            if held + incoming > budget {
+                // free an eighth of the budget beyond what is needed, so
+                // eviction runs now and then, not on every step
+                let need = held + incoming - budget + budget / 8;
+                evict(&remotes, next_use, progress.consumed(), end, need);
+            }
+        }
+        for (c, mut samples) in wanted {
+            let replica = &by_position[&c];
+            for range in replica.plan(&mut samples) {
+                if tx.send((replica.clone(), range)).await.is_err() {
+                    break 'plan;
+                }
+            }
+        }
+        pos = end;
+    }
+    drop(tx);
+    let _ = fetchers.await;
+    Ok(())
+}
+
+/// Evict at least `need` bytes of held records, those needed latest first.
+/// Records needed before `pending` (read ahead, not yet consumed) stay.
+fn evict(remotes: &[(usize, Arc<Replica>)], next_use: &NextUse, now: u64, pending: u64, need: u64) {
+    let mut held: Vec<(u64, usize, u64)> = Vec::new();
+    for (i, (c, r)) in remotes.iter().enumerate() {
+        for s in 0..r.records() {
+            if r.is_present(s) {
+                let next = next_use.after((*c as u32, s), now);
+                if next >= pending {
+                    held.push((next, i, s));
+                }
+            }
+        }
+    }
+    held.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    let mut freed = 0;
+    for (_, i, s) in held {
+        if freed >= need {
+            break;
+        }
+        let r = &remotes[i].1;
+        freed += r.record_bytes(s);
+        r.evict(s);
+    }
+}
+
+/// A receiver as a stream.
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}

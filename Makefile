@@ -6,7 +6,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/datasetrt-target
 VENV ?= $(HOME)/.cache/datasetrt-venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.datasetrt-deps
-PY_DEPS := "maturin>=1.7,<2" "polars>=1.20" numpy scikit-learn tqdm "pytest>=8" pytest-timeout hypothesis ruff torch pyarrow duckdb "datafusion>=55,<56" "ray[data]>=2.60" matplotlib nbclient nbformat ipykernel
+PY_DEPS := "maturin>=1.7,<2" "polars>=1.20" numpy scikit-learn tqdm "pytest>=8" pytest-timeout hypothesis ruff torch pyarrow duckdb "datafusion>=55,<56" "ray[data]>=2.60" matplotlib nbclient nbformat ipykernel "moto[server]" boto3
 # The installed-product check: a second virtualenv that holds only the built
 # wheel and what the quickstart needs, used from a directory outside the clone.
 WHEEL_VENV ?= $(HOME)/.cache/datasetrt-wheel-venv
@@ -74,3 +74,4 @@ bench: release
 	$(PY) tests/bench/bench_loader.py
 	$(PY) tests/bench/bench_sampling.py
 	$(PY) tests/bench/bench_sql.py
+	$(PY) tests/bench/bench_remote.py

@@ -20,14 +20,14 @@ True
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import exceptions
+from . import _native, exceptions
 from ._build import CacheInput, check_names, write_source
 from ._native import __version__
-from .dataset import Dataset, PathLike
+from .dataset import Dataset, PathLike, _storage_options
 from .exceptions import (
     CacheNotFoundError,
     ConflictError,
@@ -81,6 +81,9 @@ def build(
     threads: int | None = None,
     snapshot_dir: PathLike | None = None,
     progress: bool = True,
+    storage_options: Mapping[str, str] | None = None,
+    cache_dir: PathLike | None = None,
+    cache_bytes: int | None = None,
 ) -> Dataset:
     """Cache each source under ``root/<source.name>`` and open them as one dataset.
 
@@ -91,11 +94,43 @@ def build(
     new root.** Payloads are compressed with ``codec`` ("zstd", "lz4" or
     "none") on native threads while Python iterates; each cache is published
     atomically (a crash leaves the whole cache or nothing).
+
+    ``root`` may be a bucket URL (``s3://bucket/prefix``, see :func:`open`
+    for ``storage_options``, ``cache_dir`` and ``cache_bytes``): each cache is
+    then written into the local replica directory and uploaded, its MANIFEST
+    last, so readers never see a partial cache; a name already published in
+    the bucket is reused.
     """
     sources = list(sources)
     if not sources:
         raise InvalidInputError("build() needs at least one source")
     names = check_names(sources)
+    remote = {
+        "storage_options": storage_options,
+        "cache_dir": cache_dir,
+        "cache_bytes": cache_bytes,
+    }
+    if _is_url(root):
+        url = os.fspath(root)
+        options = _storage_options(storage_options)
+        local = Path(_native.replica_root(url, None if cache_dir is None else os.fspath(cache_dir)))
+        published = set(_native.remote_caches(url, options))
+        for name, source in zip(names, sources, strict=True):
+            if name in published:
+                continue
+            if not (local / name / "MANIFEST").is_file():
+                write_source(
+                    local,
+                    name,
+                    source,
+                    codec=codec,
+                    level=level,
+                    shard_bytes=shard_bytes,
+                    threads=threads,
+                    progress=progress,
+                )
+            _native.publish_remote(url, os.fspath(local / name), name, options)
+        return Dataset([url], snapshot_dir=snapshot_dir, **remote)
     root = Path(root)
     for name, source in zip(names, sources, strict=True):
         if not (root / name / "MANIFEST").is_file():
@@ -120,13 +155,42 @@ def build_ray(root: PathLike, ray_dataset: Any, *, name: str, **options: Any) ->
     return build_with_ray(root, ray_dataset, name=name, **options)
 
 
-def open(paths: PathLike | Sequence[PathLike], *, snapshot_dir: PathLike | None = None) -> Dataset:
+def open(
+    paths: PathLike | Sequence[PathLike],
+    *,
+    snapshot_dir: PathLike | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    cache_dir: PathLike | None = None,
+    cache_bytes: int | None = None,
+) -> Dataset:
     """Open a dataset: a root holding caches, one cache directory, or a list of either.
 
     The order of the paths does not matter: ``cache_id`` values are stored
     in the caches. The snapshot the dataset's head record names becomes the
     active population.
+
+    A path may be a bucket URL, ``s3://bucket/prefix`` (S3 or an
+    S3-compatible server), whose caches are read through a local replica in
+    ``cache_dir`` (default ``$DATASETRT_CACHE_DIR`` or ``~/.cache/datasetrt``)
+    holding at most ``cache_bytes`` of payload (default: no limit).
+    ``storage_options`` are ``object_store``'s keys, as Polars and delta-rs
+    spell them (``aws_endpoint``, ``aws_access_key_id``,
+    ``aws_secret_access_key``, ``aws_region``, ``aws_allow_http``,
+    ``timeout``...); ``AWS_*`` environment variables are read too. The
+    metadata snapshots of a remote dataset live in the replica directory
+    unless ``snapshot_dir`` says otherwise.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    return Dataset(list(paths), snapshot_dir=snapshot_dir)
+    return Dataset(
+        list(paths),
+        snapshot_dir=snapshot_dir,
+        storage_options=storage_options,
+        cache_dir=cache_dir,
+        cache_bytes=cache_bytes,
+    )
+
+
+def _is_url(path: PathLike) -> bool:
+    scheme, sep, _ = os.fspath(path).partition("://")
+    return bool(sep) and scheme.isalnum()

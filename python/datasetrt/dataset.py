@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,24 @@ from .loader import Loader, Sample
 PathLike = str | os.PathLike[str]
 
 
+def _storage_options(options: Mapping[str, str] | None) -> list[tuple[str, str]] | None:
+    """``storage_options`` as the engine takes them: (key, value) strings."""
+    if options is None:
+        return None
+    if not isinstance(options, Mapping):
+        raise InvalidInputError(
+            f"storage_options must be a dict of strings, not {type(options).__name__}"
+        )
+    out = []
+    for key, value in options.items():
+        if not isinstance(key, str):
+            raise InvalidInputError(f"storage_options key {key!r} is not a string")
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        out.append((key, str(value)))
+    return out
+
+
 class Dataset:
     """One or more caches and their active metadata snapshot.
 
@@ -36,18 +54,46 @@ class Dataset:
     immutable metadata snapshots; changing it never rewrites payload bytes.
     """
 
-    def __init__(self, paths: Sequence[PathLike], snapshot_dir: PathLike | None = None):
+    def __init__(
+        self,
+        paths: Sequence[PathLike],
+        snapshot_dir: PathLike | None = None,
+        *,
+        storage_options: Mapping[str, str] | None = None,
+        cache_dir: PathLike | None = None,
+        cache_bytes: int | None = None,
+    ):
         self._paths = [os.fspath(p) for p in paths]
         self._snapshot_dir = None if snapshot_dir is None else os.fspath(snapshot_dir)
-        self._native = _native.Dataset(self._paths, self._snapshot_dir)
+        self._remote: dict[str, Any] = {
+            "storage_options": _storage_options(storage_options),
+            "cache_dir": None if cache_dir is None else os.fspath(cache_dir),
+            "cache_bytes": None
+            if cache_bytes is None
+            else check_int(cache_bytes, "cache_bytes", 1),
+        }
+        self._native = _native.Dataset(
+            self._paths,
+            self._snapshot_dir,
+            self._remote["storage_options"],
+            self._remote["cache_dir"],
+            self._remote["cache_bytes"],
+        )
         self._frame: tuple[int, pl.DataFrame] | None = None
 
-    # -- pickling by recipe: paths, snapshot directory, snapshot number --------
+    # -- pickling by recipe: paths, options, snapshot number -------------------
     def __getstate__(self) -> dict[str, Any]:
-        return {"paths": self._paths, "snapshot_dir": self._snapshot_dir, "snapshot": self.version}
+        return {
+            "paths": self._paths,
+            "snapshot_dir": self._snapshot_dir,
+            "remote": self._remote,
+            "snapshot": self.version,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["paths"], state["snapshot_dir"])  # type: ignore[misc]
+        remote = dict(state["remote"])
+        remote["storage_options"] = dict(remote["storage_options"] or [])
+        self.__init__(state["paths"], state["snapshot_dir"], **remote)  # type: ignore[misc]
         if self.version != state["snapshot"]:
             self._native.pin(state["snapshot"])  # this process only: the head stays
 
@@ -69,6 +115,16 @@ class Dataset:
     def refresh(self) -> int:
         """Make the head's snapshot the active population here; returns its number."""
         return self._native.refresh()
+
+    def fetch_stats(self) -> dict[str, int]:
+        """What reading remote caches has cost this process so far.
+
+        ``requests`` and ``bytes`` downloaded, records read that the local
+        replica already held (``hits``) or that were fetched only when read
+        (``misses``: the read-ahead had not reached them), and
+        ``evicted_bytes``. All zero for a dataset of local caches.
+        """
+        return dict(self._native.fetch_stats())
 
     @property
     def fingerprint(self) -> str:

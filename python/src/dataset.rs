@@ -11,6 +11,7 @@ use datasetrt::catalog::Snapshot;
 use datasetrt::load::{DrawPlan, Loader, Prefetch};
 use datasetrt::query::QuerySession;
 use datasetrt::sample::{EpochSampler, Sampling};
+use datasetrt::store::remote::{self, Remote, RemoteOptions};
 use datasetrt::{Dataset, OpenOptions};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -110,10 +111,25 @@ impl PyDataset {
 #[pymethods]
 impl PyDataset {
     #[new]
-    #[pyo3(signature = (paths, snapshot_dir=None))]
-    fn new(py: Python<'_>, paths: Vec<PathBuf>, snapshot_dir: Option<PathBuf>) -> PyResult<Self> {
+    #[pyo3(signature = (paths, snapshot_dir=None, storage_options=None, cache_dir=None, cache_bytes=None, requests=None))]
+    fn new(
+        py: Python<'_>,
+        paths: Vec<PathBuf>,
+        snapshot_dir: Option<PathBuf>,
+        storage_options: Option<Vec<(String, String)>>,
+        cache_dir: Option<PathBuf>,
+        cache_bytes: Option<u64>,
+        requests: Option<usize>,
+    ) -> PyResult<Self> {
+        let remote = remote_options(storage_options, cache_dir, cache_bytes, requests);
         let inner = detach(py, move || {
-            Dataset::open(&paths, OpenOptions { snapshot_dir })
+            Dataset::open(
+                &paths,
+                OpenOptions {
+                    snapshot_dir,
+                    remote,
+                },
+            )
         })?
         .py()?;
         Ok(PyDataset {
@@ -133,9 +149,25 @@ impl PyDataset {
             d.set_item("path", c.dir())?;
             d.set_item("records", c.records())?;
             d.set_item("codec", c.manifest().codec.name())?;
+            if let Some(r) = c.replica() {
+                d.set_item("url", format!("{}/{}", r.remote().url(), c.name()))?;
+            }
             list.append(d)?;
         }
         Ok(list)
+    }
+
+    /// Download counters of the remote caches: requests, bytes, hits,
+    /// misses (records fetched when read), evicted_bytes.
+    fn fetch_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.fetch_stats();
+        let d = PyDict::new(py);
+        d.set_item("requests", s.requests)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("hits", s.hits)?;
+        d.set_item("misses", s.misses)?;
+        d.set_item("evicted_bytes", s.evicted_bytes)?;
+        Ok(d)
     }
 
     #[getter]
@@ -429,9 +461,10 @@ impl PyDataset {
 
     /// Name snapshot `number` (default: the active one).
     #[pyo3(signature = (name, number=None))]
-    fn tag(&self, name: &str, number: Option<u64>) -> PyResult<()> {
+    fn tag(&self, py: Python<'_>, name: &str, number: Option<u64>) -> PyResult<()> {
         let number = number.unwrap_or_else(|| self.inner.snapshot().number());
-        self.inner.tag(name, number).py()
+        // a bucket's tag is uploaded: without the GIL
+        detach(py, || self.inner.tag(name, number))?.py()
     }
 
     fn tags(&self) -> PyResult<std::collections::BTreeMap<String, u64>> {
@@ -621,4 +654,61 @@ impl PyLoader {
             .unwrap_or_else(|p| p.into_inner())
             .metrics()
     }
+}
+
+/// `RemoteOptions` from the Python arguments (defaults for what is `None`).
+pub fn remote_options(
+    storage_options: Option<Vec<(String, String)>>,
+    cache_dir: Option<PathBuf>,
+    cache_bytes: Option<u64>,
+    requests: Option<usize>,
+) -> RemoteOptions {
+    let defaults = RemoteOptions::default();
+    RemoteOptions {
+        storage_options: storage_options.unwrap_or_default(),
+        cache_dir: cache_dir.unwrap_or(defaults.cache_dir),
+        cache_bytes,
+        requests: requests.unwrap_or(defaults.requests),
+    }
+}
+
+/// The local directory that mirrors `url` (where `build` writes before it uploads).
+#[pyfunction]
+#[pyo3(signature = (url, cache_dir=None))]
+pub fn replica_root(url: &str, cache_dir: Option<PathBuf>) -> PyResult<PathBuf> {
+    let options = remote_options(None, cache_dir, None, None);
+    Ok(Remote::new(url, options).py()?.replica_root())
+}
+
+/// Names of the caches published at `url`.
+#[pyfunction]
+#[pyo3(signature = (url, storage_options=None))]
+pub fn remote_caches(
+    py: Python<'_>,
+    url: String,
+    storage_options: Option<Vec<(String, String)>>,
+) -> PyResult<Vec<String>> {
+    detach(py, move || {
+        let remote = Remote::new(&url, remote_options(storage_options, None, None, None))?;
+        remote::block_on(async move { remote.list_caches().await })?
+    })?
+    .py()
+}
+
+/// Upload the published local cache `dir` to `url` as `name`: data first, the
+/// MANIFEST last (created only if absent).
+#[pyfunction]
+#[pyo3(signature = (url, dir, name, storage_options=None))]
+pub fn publish_remote(
+    py: Python<'_>,
+    url: String,
+    dir: PathBuf,
+    name: String,
+    storage_options: Option<Vec<(String, String)>>,
+) -> PyResult<()> {
+    detach(py, move || {
+        let remote = Remote::new(&url, remote_options(storage_options, None, None, None))?;
+        remote::block_on(async move { remote.publish(&dir, &name).await })?
+    })?
+    .py()
 }

@@ -35,5 +35,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PAYLOAD_COLUMNS", datasetrt::store::PAYLOAD_COLUMNS)?;
     m.add_function(wrap_pyfunction!(check_source_name, m)?)?;
     m.add_function(wrap_pyfunction!(check_column_name, m)?)?;
+    m.add_function(wrap_pyfunction!(dataset::replica_root, m)?)?;
+    m.add_function(wrap_pyfunction!(dataset::remote_caches, m)?)?;
+    m.add_function(wrap_pyfunction!(dataset::publish_remote, m)?)?;
     Ok(())
 }

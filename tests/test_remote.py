@@ -1,0 +1,345 @@
+"""Caches in an S3-compatible bucket: a real S3 server (moto's, on loopback),
+the same API and the same guarantees as local caches."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import datasetrt as drt
+from conftest import Source
+
+moto_server = pytest.importorskip("moto.server")
+boto3 = pytest.importorskip("boto3")
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on 127.0.0.1 (a free port), stopped after the module."""
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    options = {
+        "aws_endpoint": endpoint,
+        "aws_access_key_id": "testing",
+        "aws_secret_access_key": "testing",
+        "aws_region": "us-east-1",
+        "aws_allow_http": "true",
+    }
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    yield server, options, client
+    server.stop()
+
+
+@pytest.fixture
+def bucket(s3):
+    """A fresh bucket: (url of a dataset prefix in it, storage options, boto3 client, name)."""
+    _, options, client = s3
+    name = f"b-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=name)
+    return f"s3://{name}/datasets/demo", options, client, name
+
+
+def sources() -> list[Source]:
+    return [
+        Source("alpha-v1", 300, payload=lambda i: (b"a%05d" % i) * (50 + i % 200)),
+        Source("beta-v1", 200),
+    ]
+
+
+def expected(ds: drt.Dataset) -> dict[tuple[int, int], bytes]:
+    by_id = {c["cache_id"]: next(s for s in sources() if s.name == c["name"]) for c in ds.caches}
+    return {
+        (cid, sid): by_id[cid].payload(sid) for cid, src in by_id.items() for sid in range(src.n)
+    }
+
+
+@pytest.fixture
+def remote(bucket, tmp_path):
+    url, options, client, name = bucket
+    ds = drt.build(
+        url, sources(), storage_options=options, cache_dir=tmp_path / "build-cache", progress=False
+    )
+    return url, options, client, name, ds
+
+
+def test_a_cache_built_into_a_bucket_opens_elsewhere_with_the_same_samples(remote, tmp_path):
+    url, options, client, bucket, _ = remote
+    listed = client.list_objects_v2(Bucket=bucket, Prefix="datasets/demo/")["Contents"]
+    keys = {o["Key"].removeprefix("datasets/demo/") for o in listed}
+    assert {"alpha-v1/MANIFEST", "alpha-v1/index.drti", "beta-v1/shard-00000.drts"} <= keys
+
+    ds = drt.open(url, storage_options=options, cache_dir=tmp_path / "reader")
+    assert len(ds) == 500
+    assert sorted(c["url"] for c in ds.caches) == [f"{url}/alpha-v1", f"{url}/beta-v1"]
+    want = expected(ds)
+    assert ds.fetch_stats()["bytes"] == 0  # opening reads metadata only
+    for (cid, sid), data in list(want.items())[::37]:
+        assert ds.get_item(cid, sid).data == data
+    got = {}
+    for batch in ds.loader(64, seed=3, sampling="permutation"):
+        for cid, sid, data in zip(batch.cache_id, batch.sample_id, batch.data, strict=True):
+            got[(cid, sid)] = data
+    assert got == want
+    stats = ds.fetch_stats()
+    # no budget: whole chunks, every byte downloaded at most once
+    stored = sum(len(v) for v in want.values())
+    assert 0 < stats["bytes"] <= stored * 1.05
+    assert stats["evicted_bytes"] == 0
+
+
+@pytest.mark.parametrize(
+    "sampling", ["replacement", "permutation", "weighted_without_replacement", "balanced"]
+)
+def test_every_sampling_mode_reads_the_local_sequence(remote, tmp_path, sampling):
+    url, options, _, _, built = remote
+    local = drt.open(Path(built.caches[0]["path"]).parent)  # the builder's local copy
+    ds = drt.open(url, storage_options=options, cache_dir=tmp_path / "r", cache_bytes=1_000)
+    for d in (local, ds):
+        d.update_metadata(d.get_metadata().with_columns(weight=pl.col("sample_id") % 3 + 0.5))
+
+    def run(d):
+        return [
+            (b.cache_id, b.sample_id, b.data)
+            for b in d.loader(50, seed=11, epoch=2, sampling=sampling)
+        ]
+
+    assert run(ds) == run(local)
+    assert ds.fetch_stats()["evicted_bytes"] > 0  # 1 kB holds a few compressed records
+
+
+def test_metadata_updates_and_exact_resume_on_a_remote_dataset(remote, tmp_path):
+    url, options, *_ = remote
+    ds = drt.open(url, storage_options=options, cache_dir=tmp_path / "r")
+    meta = ds.get_metadata()
+    ds.update_metadata(meta.filter(pl.col("label") < 5))
+    again = drt.open(url, storage_options=options, cache_dir=tmp_path / "r")
+    assert again.version == ds.version and len(again) == len(ds) == 250
+
+    whole = [b.sample_id for b in ds.loader(20, seed=5, sampling="permutation")]
+    first = ds.loader(20, seed=5, sampling="permutation")
+    head = [next(first).sample_id for _ in range(4)]
+    rest = [b.sample_id for b in again.loader(20, resume=first.state_dict())]
+    assert head + rest == whole
+
+
+def test_snapshots_live_in_the_bucket_and_a_moved_head_is_a_conflict(remote, tmp_path):
+    url, options, client, bucket, _ = remote
+    # two machines: each its own cache_dir
+    a = drt.open(url, storage_options=options, cache_dir=tmp_path / "machine-a")
+    b = drt.open(url, storage_options=options, cache_dir=tmp_path / "machine-b")
+    assert a.version == b.version
+    a.update_metadata(a.get_metadata().filter(pl.col("label") < 5))
+    listed = client.list_objects_v2(Bucket=bucket, Prefix="datasets/demo/_snapshots/")
+    names = {o["Key"].rsplit("/", 1)[-1] for o in listed["Contents"]}
+    assert "HEAD" in names and any(n.endswith(".arrow") for n in names)
+
+    with pytest.raises(drt.ConflictError) as err:
+        b.update_metadata(b.get_metadata().head(10))
+    assert (err.value.base, err.value.head) == (0, a.version)
+    assert b.head == a.version
+    assert b.refresh() == a.version and len(b) == 250
+    b.update_metadata(b.get_metadata().head(10))
+    b.tag("ten")
+
+    c = drt.open(url, storage_options=options, cache_dir=tmp_path / "machine-c")
+    assert (c.version, len(c)) == (b.version, 10)
+    assert c.tags()["ten"] == b.version
+    c.checkout(a.version)
+    assert (
+        a.head == a.version
+        and len(drt.open(url, storage_options=options, cache_dir=tmp_path / "machine-d")) == 250
+    )
+
+
+def test_sql_joins_payloads_of_a_remote_dataset(remote, tmp_path):
+    url, options, *_ = remote
+    ds = drt.open(url, storage_options=options, cache_dir=tmp_path / "r")
+    want = expected(ds)
+    out = ds.sql(
+        "SELECT m.cache_id, m.sample_id, p.data FROM metadata m "
+        "JOIN payloads p USING (cache_id, sample_id) WHERE m.label = 3"
+    )
+    assert out.height == 50
+    for cid, sid, data in out.iter_rows():
+        assert data == want[(cid, sid)]
+
+
+def test_pickled_remote_datasets_reopen_with_their_options(remote, tmp_path):
+    url, options, *_ = remote
+    ds = drt.open(url, storage_options=options, cache_dir=tmp_path / "r", cache_bytes=50_000)
+    copy = pickle.loads(pickle.dumps(ds))
+    cid = ds.caches[0]["cache_id"]
+    assert copy.get_item(cid, 5).data == ds.get_item(cid, 5).data
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_torch_dataloader_workers_read_a_remote_dataset(remote, tmp_path, method):
+    torch = pytest.importorskip("torch")
+    url, options, *_ = remote
+    ds = drt.open(url, storage_options=options, cache_dir=tmp_path / "r")
+    tds = ds.to_torch(batch_size=50, seed=4, sampling="permutation")
+    loader = torch.utils.data.DataLoader(
+        tds, batch_size=None, num_workers=2, multiprocessing_context=method
+    )
+    want = expected(ds)
+    seen = 0
+    for b in loader:
+        for cid, sid, data in zip(
+            b["cache_id"].tolist(), b["sample_id"].tolist(), b["data"], strict=True
+        ):
+            assert data == want[(cid, sid)]
+            seen += 1
+    assert seen == 500
+
+
+def test_a_flipped_byte_in_a_remote_shard_is_a_corrupt_cache_error(remote, tmp_path):
+    url, options, client, bucket, _ = remote
+    key = "datasets/demo/alpha-v1/shard-00000.drts"
+    raw = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    raw[16 + 3000] ^= 0x40
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(raw))
+    ds = drt.open(url, storage_options=options, cache_dir=tmp_path / "fresh")
+    with pytest.raises(drt.CorruptCacheError) as err:
+        for _ in ds.loader(100, seed=1, sampling="permutation"):
+            pass
+    assert "alpha-v1/shard-00000.drts" in str(err.value)
+    assert str(err.value.path).startswith(url)
+
+
+def test_a_second_cache_of_the_same_name_is_refused(remote, tmp_path):
+    url, options, *_ = remote
+    other = Source("alpha-v1", 10)
+    local = drt.build(tmp_path / "elsewhere", [other], progress=False)
+    with pytest.raises(drt.InvalidInputError, match="different cache named"):
+        drt._native.publish_remote(url, local.caches[0]["path"], "alpha-v1", list(options.items()))
+
+
+def test_bad_urls_and_options_are_typed_errors(bucket, tmp_path):
+    url, options, *_ = bucket
+    with pytest.raises(drt.InvalidInputError, match="unsupported URL scheme"):
+        drt.open("gs://bucket/x", cache_dir=tmp_path)
+    with pytest.raises(drt.InvalidInputError, match="unknown storage option"):
+        drt.open(url, storage_options={"aws_endpiont": "x"}, cache_dir=tmp_path)
+    with pytest.raises(drt.CacheNotFoundError):
+        drt.open(url + "-empty", storage_options=options, cache_dir=tmp_path)
+
+
+# -- processes: a shared cache directory, a server that goes away -------------
+
+CHILD = """
+import sys, hashlib, datasetrt as drt
+url, cache_dir, seed, endpoint = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+options = dict(aws_endpoint=endpoint, aws_access_key_id="testing",
+               aws_secret_access_key="testing", aws_region="us-east-1", aws_allow_http="true")
+ds = drt.open(url, storage_options=options, cache_dir=cache_dir, cache_bytes=30_000)
+for epoch in range(2):
+    for b in ds.loader(25, seed=seed, epoch=epoch, sampling="permutation"):
+        for cid, sid, data in zip(b.cache_id, b.sample_id, b.data):
+            print(cid, sid, hashlib.sha256(data).hexdigest())
+"""
+
+
+def test_two_processes_sharing_a_cache_dir_read_correct_bytes(remote, tmp_path):
+    import hashlib
+
+    url, options, *_ = remote
+    shared = tmp_path / "shared"
+    ds = drt.open(url, storage_options=options, cache_dir=tmp_path / "r")
+    want = {k: hashlib.sha256(v).hexdigest() for k, v in expected(ds).items()}
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, url, str(shared), str(seed), options["aws_endpoint"]],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in (1, 2)
+    ]
+    for child in children:
+        out, err = child.communicate(timeout=180)
+        assert child.returncode == 0, err
+        rows = [line.split() for line in out.splitlines()]
+        assert len(rows) == 1000
+        for cid, sid, digest in rows:
+            assert want[(int(cid), int(sid))] == digest
+
+
+STOPPED = """
+import sys, time, datasetrt as drt
+from moto.server import ThreadedMotoServer
+import boto3
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+server.start()
+host, port = server.get_host_and_port()
+endpoint = f"http://{host}:{port}"
+options = dict(aws_endpoint=endpoint, aws_access_key_id="testing", timeout="3s",
+               aws_secret_access_key="testing", aws_region="us-east-1", aws_allow_http="true")
+boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+             aws_secret_access_key="testing", region_name="us-east-1").create_bucket(Bucket="bkt")
+src = [drt.CacheInput(bytes([i % 251]) * 4000, {"i": i}) for i in range(400)]
+class S:
+    name = "gone-v1"
+    def __iter__(self):
+        return iter(src)
+ds = drt.build("s3://bkt/x", [S()], storage_options=options, cache_dir=sys.argv[1],
+               codec="none", progress=False)
+ds = drt.open("s3://bkt/x", storage_options=options, cache_dir=sys.argv[1] + "-2",
+              cache_bytes=40_000)
+batches = ds.loader(20, seed=0, sampling="permutation")
+next(batches)
+server.stop()
+start = time.monotonic()
+try:
+    for _ in batches:
+        pass
+except drt.StorageError as e:
+    print("StorageError", round(time.monotonic() - start, 1), e.path)
+else:
+    print("no error")
+"""
+
+
+def test_a_server_that_dies_mid_epoch_is_a_storage_error_in_bounded_time(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", STOPPED, str(tmp_path / "c")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    kind, seconds, path = done.stdout.split()
+    assert kind == "StorageError", done.stdout
+    assert float(seconds) < 45  # 3 s requests: a wait, then one more try
+    assert path.startswith("s3://bkt/x/gone-v1/shard-00000.drts")
+
+
+def test_time_is_bounded_for_an_unreachable_endpoint(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(drt.StorageError):
+        drt.open(
+            "s3://nobody/x",
+            storage_options={
+                "aws_endpoint": "http://127.0.0.1:9",
+                "aws_allow_http": "true",
+                "aws_access_key_id": "a",
+                "aws_secret_access_key": "b",
+                "aws_region": "us-east-1",
+            },
+            cache_dir=tmp_path,
+        )
+    assert time.monotonic() - start < 30

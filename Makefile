@@ -75,3 +75,4 @@ bench: release
 	$(PY) tests/bench/bench_sampling.py
 	$(PY) tests/bench/bench_sql.py
 	$(PY) tests/bench/bench_remote.py
+	$(PY) tests/bench/bench_cold.py

@@ -7,6 +7,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -93,3 +94,40 @@ def two_caches(tmp_path: Path) -> tuple[drt.Dataset, Path, list[Source]]:
     sources = [Source("alpha-v1", 500), Source("beta-v1", 300)]
     ds = drt.build(tmp_path, sources, progress=False)
     return ds, tmp_path, sources
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """A moto S3 server on 127.0.0.1 (a free port), stopped after the session:
+    (server, storage_options, boto3 client)."""
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    options = {
+        "aws_endpoint": endpoint,
+        "aws_access_key_id": "testing",
+        "aws_secret_access_key": "testing",
+        "aws_region": "us-east-1",
+        "aws_allow_http": "true",
+    }
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    yield server, options, client
+    server.stop()
+
+
+@pytest.fixture
+def bucket(s3):
+    """A fresh bucket: (url of a dataset prefix in it, storage options, boto3 client, name)."""
+    _, options, client = s3
+    name = f"b-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=name)
+    return f"s3://{name}/datasets/demo", options, client, name

@@ -173,3 +173,19 @@ def test_build_ray_refuses_bad_columns_and_half_published_parts(cluster, tmp_pat
     part.rename(tmp_path / ".hidden")  # as if a build stopped while moving parts in
     with pytest.raises(drt.InvalidInputError, match="only some parts"):
         drt.build_ray(tmp_path, rds, name="x-v1")
+
+
+def test_to_ray_reads_a_dataset_in_a_bucket(cluster, bucket, tmp_path):
+    """Read tasks reopen a bucket dataset in their own processes (options and
+    cache directory travel with it) and yield the loader's sequence."""
+    from conftest import Source
+
+    url, options, _, _ = bucket
+    sources = [Source("alpha-v1", 120), Source("beta-v1", 80)]
+    ds = drt.build(
+        url, sources, storage_options=options, cache_dir=tmp_path / "cache", progress=False
+    )
+    rds = ds.to_ray(batch_size=BS, seed=2, sampling="permutation", override_num_blocks=3)
+    expected = loader_rows(ds, seed=2, sampling="permutation")
+    assert len(expected) == 200
+    assert ray_rows(rds) == expected

@@ -170,19 +170,10 @@ def cmd_tag(args: argparse.Namespace) -> int:
     return OK
 
 
-def cleanup_plan(ds: Dataset, keep: int) -> list[int]:
-    """The snapshots ``ds.cleanup(keep)`` would delete now: all but the newest
-    ``keep``, the tagged ones, the head and the active one."""
-    numbers = sorted(ds.history()["version"].to_list())
-    kept = set(numbers[len(numbers) - keep :] if keep else [])
-    kept |= set(ds.tags().values()) | {ds.version, ds.head}
-    return [n for n in numbers if n not in kept]
-
-
 def cmd_cleanup(args: argparse.Namespace) -> int:
     ds = _open(args)
     if not args.apply:
-        doomed = cleanup_plan(ds, args.keep)
+        doomed = ds.cleanup(args.keep, dry_run=True)
         if doomed:
             print(f"would delete {len(doomed)} snapshots: {', '.join(map(str, doomed))}")
             print("(a dry run: add --apply to delete them)")

@@ -273,14 +273,16 @@ class Dataset:
         """Every tag and the snapshot number it names."""
         return dict(self._native.tags())
 
-    def cleanup(self, keep: int = 10) -> list[int]:
+    def cleanup(self, keep: int = 10, *, dry_run: bool = False) -> list[int]:
         """Delete snapshots except the newest ``keep``, the tagged ones, the
         head and the active one, and the column files no remaining snapshot
-        uses. Returns the deleted snapshot numbers. Commits of other processes
+        uses. Returns the deleted snapshot numbers (with ``dry_run``: the ones
+        it would delete now, deleting nothing). Commits of other processes
         wait while it runs (they share the dataset's commit lock)."""
         keep = check_int(keep, "keep", 0, 1 << 32)
-        self._frame = None
-        return self._native.cleanup(keep)
+        if not dry_run:
+            self._frame = None
+        return self._native.cleanup(keep, bool(dry_run))
 
     def diff(self, a: int | str, b: int | str) -> pl.DataFrame:
         """How population ``b`` differs from ``a``, per stored sample.

@@ -472,10 +472,11 @@ impl PyDataset {
     }
 
     /// Keep the newest `keep` snapshots, the tagged ones and the active one.
-    fn cleanup(&self, py: Python<'_>, keep: usize) -> PyResult<Vec<u64>> {
+    #[pyo3(signature = (keep, dry_run=false))]
+    fn cleanup(&self, py: Python<'_>, keep: usize, dry_run: bool) -> PyResult<Vec<u64>> {
         detach(py, || {
             let _guard = self.lock_writes();
-            self.inner.cleanup(keep)
+            self.inner.cleanup_with(keep, dry_run)
         })?
         .py()
     }

@@ -414,6 +414,12 @@ impl Dataset {
     /// remaining snapshot uses. Returns the deleted snapshot numbers. Holds
     /// the commit lock, so no commit of this dataset runs meanwhile.
     pub fn cleanup(&self, keep: usize) -> Result<Vec<u64>> {
+        self.cleanup_with(keep, false)
+    }
+
+    /// [`Dataset::cleanup`], or with `dry_run` only the snapshot numbers it
+    /// would delete now (nothing is deleted).
+    pub fn cleanup_with(&self, keep: usize, dry_run: bool) -> Result<Vec<u64>> {
         let active = self.snapshot().number(); // before the lock: update locks in that order
         let _guard = commit::lock(&self.snapshot_dir)?;
         let numbers = self.snapshot_numbers()?;
@@ -427,6 +433,9 @@ impl Dataset {
             .copied()
             .filter(|n| !kept.contains(n))
             .collect();
+        if dry_run {
+            return Ok(removed);
+        }
         let mut used = std::collections::HashSet::new();
         for &n in &kept {
             if numbers.contains(&n) {

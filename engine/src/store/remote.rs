@@ -433,9 +433,11 @@ impl Remote {
             Path::new(&self.object_url(&manifest_object)),
             &manifest_bytes,
         )?;
-        let same = std::fs::read(&manifest_path).is_ok_and(|local| local == manifest_bytes);
-        if !same {
-            // another build under the same name: nothing local is valid
+        let local = std::fs::read(&manifest_path).ok();
+        let same = local.as_deref() == Some(&manifest_bytes[..]);
+        if local.is_some() && !same {
+            // another build under the same name: its fetched ranges are not
+            // this one's (a stale byte would fail its checksum anyway)
             let _ = std::fs::remove_file(&manifest_path);
             for i in 0..manifest.shard_bytes.len().max(1024) {
                 let shard = dir.join(shard_file_name(i as u32));
@@ -443,6 +445,10 @@ impl Remote {
                     break;
                 }
             }
+        }
+        if !same {
+            // written by rename: a process opening the replica meanwhile
+            // sees the old file or the new one, whole
             for file in [INDEX_FILE, ATTRIBUTES_FILE] {
                 let bytes = self
                     .get_opt(&self.object(&[name, file]))
@@ -806,6 +812,19 @@ impl Replica {
 
     async fn fetch_one(&self, r: &FetchRange) -> Result<()> {
         let (object, path, file) = &self.shards[r.shard as usize];
+        // One process downloads a range at a time: the others wait on its
+        // byte-range lock, then find the bytes in the replica.
+        let lock = {
+            let (file, path) = (file.try_clone().map_err(Error::io(path))?, path.clone());
+            let range = r.range.clone();
+            tokio::task::spawn_blocking(move || RangeLock::acquire(file, &path, range))
+                .await
+                .map_err(|e| Error::invalid(format!("replica lock failed: {e}")))??
+        };
+        if self.holds(r)? {
+            drop(lock);
+            return Ok(());
+        }
         let bytes = self.remote.get_range(object, r.range.clone()).await?;
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
@@ -828,10 +847,25 @@ impl Replica {
         let start = r.range.start;
         let path = path.clone();
         tokio::task::spawn_blocking(move || {
-            file.write_all_at(&bytes, start).map_err(Error::io(&path))
+            let written = file.write_all_at(&bytes, start).map_err(Error::io(&path));
+            drop(lock);
+            written
         })
         .await
         .map_err(|e| Error::invalid(format!("replica write failed: {e}")))?
+    }
+
+    /// Does the replica hold every record of `r` (each verified)? Another
+    /// process may have fetched them.
+    fn holds(&self, r: &FetchRange) -> Result<bool> {
+        let (_, path, file) = &self.shards[r.shard as usize];
+        let mut bytes = vec![0u8; (r.range.end - r.range.start) as usize];
+        file.read_exact_at(&mut bytes, r.range.start)
+            .map_err(Error::io(path))?;
+        Ok(r.records.clone().all(|s| {
+            let (_, start, end, crc) = self.spans[s as usize];
+            crc32c(&bytes[(start - r.range.start) as usize..(end - r.range.start) as usize]) == crc
+        }))
     }
 
     /// Copy record `sample`'s stored bytes into `out` (its stored length) and
@@ -974,5 +1008,63 @@ impl Replica {
         if hi > lo {
             fs::punch_hole(&self.shards[shard as usize].2, lo, hi - lo);
         }
+    }
+}
+
+/// An exclusive lock on bytes of a replica file, shared by nobody else on
+/// this machine: an open-file-description lock, released when dropped, and
+/// by the kernel if the process dies.
+struct RangeLock {
+    file: File,
+    range: Range<u64>,
+}
+
+impl RangeLock {
+    fn acquire(file: File, path: &Path, range: Range<u64>) -> Result<RangeLock> {
+        Self::fcntl(
+            &file,
+            libc::F_WRLCK as libc::c_short,
+            &range,
+            libc::F_OFD_SETLKW,
+        )
+        .map_err(Error::io(path))?;
+        Ok(RangeLock { file, range })
+    }
+
+    fn fcntl(
+        file: &File,
+        kind: libc::c_short,
+        range: &Range<u64>,
+        cmd: libc::c_int,
+    ) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a zeroed flock is valid; the fields set are the documented ones.
+        let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+        lock.l_type = kind;
+        lock.l_whence = libc::SEEK_SET as libc::c_short;
+        lock.l_start = range.start as libc::off_t;
+        lock.l_len = (range.end - range.start) as libc::off_t;
+        loop {
+            // SAFETY: fcntl with a lock command and a valid flock pointer.
+            let rc = unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut lock) };
+            if rc == 0 {
+                return Ok(());
+            }
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(err);
+            }
+        }
+    }
+}
+
+impl Drop for RangeLock {
+    fn drop(&mut self) {
+        let _ = Self::fcntl(
+            &self.file,
+            libc::F_UNLCK as libc::c_short,
+            &self.range,
+            libc::F_OFD_SETLK,
+        );
     }
 }

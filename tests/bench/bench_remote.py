@@ -29,6 +29,7 @@ import os
 import random
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,7 @@ from pathlib import Path
 import datasetrt as drt
 
 RECORD = 16 * 1024
+SHARD_BYTES = 4 << 20
 REQUESTS = 32
 
 
@@ -137,24 +139,36 @@ def epoch(ds: drt.Dataset, epoch_no: int) -> tuple[float, int]:
     return time.perf_counter() - start, n
 
 
-def plain_client(port: int, bucket: str, key: str, ranges: list[tuple[int, int]]) -> float:
-    """One range GET per record, REQUESTS in flight, keep-alive, no checks."""
+def index_entries(path: Path) -> list[tuple[int, int]]:
+    """(shard, offset) of every record, from a cache's index (docs/FORMAT.md)."""
+    raw = path.read_bytes()
+    out = []
+    for at in range(32, len(raw), 32):
+        offset, shard = struct.unpack_from("<QI", raw, at)
+        out.append((shard, offset))
+    return out
+
+
+def plain_client(port: int, requests: list[tuple[str, int, int]]) -> float:
+    """One range GET per record (presigned path, start, end), REQUESTS in
+    flight, keep-alive connections, no checks."""
     local = threading.local()
 
-    def get(r: tuple[int, int]) -> int:
+    def get(r: tuple[str, int, int]) -> int:
+        target, start, end = r
         conn = getattr(local, "conn", None)
         if conn is None:
             conn = local.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        conn.request("GET", f"/{bucket}/{key}", headers={"Range": f"bytes={r[0]}-{r[1] - 1}"})
+        conn.request("GET", target, headers={"Range": f"bytes={start}-{end - 1}"})
         resp = conn.getresponse()
         body = resp.read()
-        assert resp.status == 206 and len(body) == r[1] - r[0], resp.status
+        assert resp.status == 206 and len(body) == end - start, resp.status
         return len(body)
 
     start = time.perf_counter()
     with ThreadPoolExecutor(REQUESTS) as pool:
-        total = sum(pool.map(get, ranges))
-    assert total == sum(b - a for a, b in ranges)
+        total = sum(pool.map(get, requests))
+    assert total == sum(b - a for _, a, b in requests)
     return time.perf_counter() - start
 
 
@@ -187,20 +201,25 @@ def main() -> None:
     servers, port, proxy_port = start_servers(args.low_ms / 1000, args.high_ms / 1000)
     try:
         import boto3
+        from botocore.config import Config
 
-        boto3.client(
+        s3 = boto3.client(
             "s3",
+            config=Config(s3={"addressing_style": "path"}),
             endpoint_url=f"http://127.0.0.1:{port}",
             aws_access_key_id="testing",
             aws_secret_access_key="testing",
             region_name="us-east-1",
-        ).create_bucket(Bucket="bench")
+        )
+        s3.create_bucket(Bucket="bench")
         url = "s3://bench/data"
         t = time.perf_counter()
         built = drt.build(
             url,
             [RandomRecords(n)],
             codec="none",
+            # small objects: moto copies a whole object to serve a range of it
+            shard_bytes=SHARD_BYTES,
             storage_options=options(port),
             cache_dir=work / "builder",
             progress=False,
@@ -222,8 +241,18 @@ def main() -> None:
             int(s)
             for s in local.get_metadata()["sample_id"][local.draws(1, 0, sampling="permutation")]
         ]
-        ranges = [(16 + s * RECORD, 16 + (s + 1) * RECORD) for s in order]
-        client = plain_client(proxy_port, "bench", "data/remote-16k/shard-00000.drts", ranges)
+        entries = index_entries(Path(built.caches[0]["path"]) / "index.drti")
+        requests = [(entries[s][0], entries[s][1], entries[s][1] + RECORD) for s in order]
+        # signed once (presigned URLs), so the client's requests cost no signing
+        targets = {}
+        for shard in sorted({r[0] for r in requests}):
+            signed = s3.generate_presigned_url(
+                "get_object",
+                Params={"Bucket": "bench", "Key": f"data/remote-16k/shard-{shard:05}.drts"},
+                ExpiresIn=3600,
+            )
+            targets[shard] = signed.split(f":{port}", 1)[1]
+        client = plain_client(proxy_port, [(targets[sh], a, b) for sh, a, b in requests])
 
         # ours, through the proxy: first epoch into an empty replica, then warm
         ds = drt.open(url, storage_options=options(proxy_port), cache_dir=work / "reader")

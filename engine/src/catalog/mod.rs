@@ -115,13 +115,17 @@ impl Dataset {
             let opened: Vec<Cache> = match path.to_str().filter(|p| remote::is_url(p)) {
                 Some(url) => {
                     let remote = Remote::new(url, options.remote.clone())?;
-                    let names = remote::block_on({
+                    let (names, whole) = remote::block_on({
                         let remote = remote.clone();
-                        async move { remote.discover().await }
+                        async move {
+                            let names = remote.discover().await?;
+                            let whole = remote.fits(&names).await?;
+                            Ok::<_, Error>((names, whole))
+                        }
                     })??;
                     names
                         .iter()
-                        .map(|name| Cache::open_remote(&remote, name))
+                        .map(|name| Cache::open_remote(&remote, name, whole))
                         .collect::<Result<_>>()?
                 }
                 None => discover(path)?
@@ -148,11 +152,6 @@ impl Dataset {
             }
         }
         let caches: Vec<Arc<Cache>> = by_id.into_values().collect();
-        // remote caches: whole chunks, never evicted, when the budget holds them all
-        let replicas = || caches.iter().filter_map(|c| c.replica());
-        let remote_bytes: u64 = replicas().map(|r| r.total_bytes()).sum();
-        let whole = options.remote.cache_bytes.is_none_or(|b| b >= remote_bytes);
-        replicas().for_each(|r| r.set_whole(whole));
 
         let key: Vec<u8> = caches.iter().flat_map(|c| c.id().to_le_bytes()).collect();
         // caches all in one bucket keep their snapshots there too, unless

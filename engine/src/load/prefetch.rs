@@ -282,7 +282,7 @@ fn evict(remotes: &[(usize, Arc<Replica>)], next_use: &NextUse, now: u64, pendin
             }
         }
     }
-    held.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    held.sort_unstable_by_key(|h| std::cmp::Reverse(h.0));
     let mut freed = 0;
     for (_, i, s) in held {
         if freed >= need {

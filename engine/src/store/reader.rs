@@ -58,11 +58,13 @@ impl Cache {
 
     /// Open cache `name` of the object store at `remote`: replicate its
     /// metadata into the local cache directory and open the replica.
-    pub fn open_remote(remote: &Arc<Remote>, name: &str) -> Result<Cache> {
+    /// `whole`: the budget holds the whole dataset, so the replica is never
+    /// evicted and is read in place (see `Replica`).
+    pub fn open_remote(remote: &Arc<Remote>, name: &str, whole: bool) -> Result<Cache> {
         let dir = block_on({
             let remote = remote.clone();
             let name = name.to_string();
-            async move { remote.replicate(&name).await }
+            async move { remote.replicate(&name, whole).await }
         })??;
         let mut cache = Self::open_checked(&dir)?;
         let entries = (0..cache.records())
@@ -74,6 +76,7 @@ impl Cache {
             &dir,
             cache.shards.len(),
             entries.into_iter(),
+            whole,
         )?));
         Ok(cache)
     }
@@ -250,9 +253,9 @@ impl Cache {
         e: &IndexEntry,
         verify: bool,
     ) -> Result<(&Buffer, usize, usize)> {
-        if self.replica.is_some() {
+        if self.replica.as_ref().is_some_and(|r| !r.whole()) {
             return Err(Error::invalid(
-                "internal: records of a remote cache are read through read_entry",
+                "internal: records of an evicting replica are read through read_entry",
             ));
         }
         let (path, shard) = self.shards.get(e.shard as usize).ok_or_else(|| {
@@ -278,7 +281,10 @@ impl Cache {
                 ),
             ));
         }
-        if verify {
+        if let Some(replica) = &self.replica {
+            // fetched if the replica does not hold it yet; verified in place
+            replica.ensure(sample_id, e.checksum, &shard[start..end])?;
+        } else if verify {
             let actual = crc32c(&shard[start..end]);
             if actual != e.checksum {
                 return Err(Error::corrupt(
@@ -303,7 +309,7 @@ impl Cache {
         out: &mut [u8],
         verify: bool,
     ) -> Result<()> {
-        if let Some(replica) = &self.replica {
+        if let Some(replica) = self.replica.as_ref().filter(|r| !r.whole()) {
             // verified on the copy, whatever `verify` says: the replica may not hold it
             if e.codec == super::Codec::None && e.stored_len == e.raw_len {
                 return replica.read(sample_id, e.checksum, out);

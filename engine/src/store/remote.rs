@@ -29,7 +29,7 @@ use std::future::Future;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -227,9 +227,41 @@ impl Remote {
 
     /// The local directory that mirrors this URL.
     pub fn replica_root(&self) -> PathBuf {
-        self.options
-            .cache_dir
-            .join(format!("{:016x}", fnv1a(self.url.as_bytes())))
+        self.replica_root_for(true)
+    }
+
+    /// The local directory of this URL's replicas: one for replicas that are
+    /// never evicted (`whole`: read in place, like local caches) and one for
+    /// replicas within a smaller budget (holes punched; read by copying).
+    pub fn replica_root_for(&self, whole: bool) -> PathBuf {
+        let hash = fnv1a(self.url.as_bytes());
+        let name = if whole {
+            format!("{hash:016x}")
+        } else {
+            format!("{hash:016x}-evicting")
+        };
+        self.options.cache_dir.join(name)
+    }
+
+    /// Does the budget hold every payload byte of caches `names`?
+    pub async fn fits(&self, names: &[String]) -> Result<bool> {
+        let Some(budget) = self.options.cache_bytes else {
+            return Ok(true);
+        };
+        let mut total = 0;
+        for name in names {
+            let object = self.object(&[name, MANIFEST_FILE]);
+            let bytes = self
+                .get_opt(&object)
+                .await?
+                .ok_or_else(|| Error::NotFound {
+                    what: "cache manifest",
+                    path: PathBuf::from(self.object_url(&object)),
+                })?;
+            let manifest = super::Manifest::decode(Path::new(&self.object_url(&object)), &bytes)?;
+            total += manifest.shard_bytes.iter().sum::<u64>();
+        }
+        Ok(budget >= total)
     }
 
     /// The longest one request (with its retries) can take: what a reader
@@ -417,8 +449,8 @@ impl Remote {
     /// attributes (unless the replica already holds this manifest's), create
     /// its shards as sparse files and fetch their headers. Returns the
     /// replica directory, ready for `Cache::open`.
-    pub async fn replicate(&self, name: &str) -> Result<PathBuf> {
-        let dir = self.replica_root().join(name);
+    pub async fn replicate(&self, name: &str, whole: bool) -> Result<PathBuf> {
+        let dir = self.replica_root_for(whole).join(name);
         std::fs::create_dir_all(&dir).map_err(Error::io(&dir))?;
         let manifest_object = self.object(&[name, MANIFEST_FILE]);
         let manifest_bytes =
@@ -574,7 +606,9 @@ pub struct Replica {
     /// The process whose fetches the IN_FLIGHT states are: a child made by
     /// `fork()` inherits them without the tasks that would finish them.
     owner: AtomicU32,
-    whole: AtomicBool,
+    /// The budget holds the whole dataset: fetched in whole chunks, never
+    /// evicted, read in place.
+    whole: bool,
     requests: AtomicU64,
     bytes: AtomicU64,
     hits: AtomicU64,
@@ -599,6 +633,7 @@ impl Replica {
         dir: &Path,
         shard_count: usize,
         entries: impl Iterator<Item = IndexEntry>,
+        whole: bool,
     ) -> Result<Replica> {
         let mut shards = Vec::with_capacity(shard_count);
         for i in 0..shard_count {
@@ -621,8 +656,6 @@ impl Replica {
                 )
             })
             .collect();
-        let total: u64 = spans.iter().map(|s| s.2 - s.1).sum();
-        let whole = remote.options.cache_bytes.is_none_or(|b| b >= total);
         Ok(Replica {
             state: spans.iter().map(|_| AtomicU8::new(ABSENT)).collect(),
             spans,
@@ -632,7 +665,7 @@ impl Replica {
             present_bytes: AtomicU64::new(0),
             landed: (Mutex::new(()), Condvar::new()),
             owner: AtomicU32::new(std::process::id()),
-            whole: AtomicBool::new(whole),
+            whole,
             requests: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             hits: AtomicU64::new(0),
@@ -648,7 +681,7 @@ impl Replica {
     /// Does the budget hold the whole cache? Then it is fetched in whole
     /// chunks (each byte once) and never evicted.
     pub fn whole(&self) -> bool {
-        self.whole.load(Ordering::Relaxed)
+        self.whole
     }
 
     pub fn records(&self) -> u64 {
@@ -664,12 +697,6 @@ impl Replica {
     /// Stored bytes of every record.
     pub fn total_bytes(&self) -> u64 {
         self.spans.iter().map(|s| s.2 - s.1).sum()
-    }
-
-    /// Fetch whole chunks and never evict (the budget holds every cache of
-    /// the dataset), or fetch exact records within the budget.
-    pub fn set_whole(&self, whole: bool) {
-        self.whole.store(whole, Ordering::Relaxed);
     }
 
     /// Bytes of the records this process holds.
@@ -872,9 +899,31 @@ impl Replica {
     /// verify them there; fetch it (or wait for the fetch in flight) when the
     /// replica does not hold it. `checksum` is the index entry's CRC.
     pub fn read(self: &Arc<Self>, sample: u64, checksum: u32, out: &mut [u8]) -> Result<()> {
-        self.adopt();
         let (shard, start, _, _) = self.spans[sample as usize];
         let (_, path, file) = &self.shards[shard as usize];
+        self.obtain(sample, || {
+            file.read_exact_at(out, start).map_err(Error::io(path))?;
+            Ok(crc32c(out) == checksum)
+        })
+    }
+
+    /// Make sure the replica holds record `sample`, whose stored bytes are
+    /// `mapped` (the replica's mapping of them): verified in place, fetched
+    /// if they fail. Only for whole replicas, which are never evicted, so
+    /// verified bytes stay valid for every view of them.
+    pub fn ensure(self: &Arc<Self>, sample: u64, checksum: u32, mapped: &[u8]) -> Result<()> {
+        debug_assert!(self.whole());
+        self.obtain(sample, || Ok(crc32c(mapped) == checksum))
+    }
+
+    /// `check` (read and verify the record) until it passes: first after any
+    /// fetch in flight lands, then after fetching the record now.
+    fn obtain(
+        self: &Arc<Self>,
+        sample: u64,
+        mut check: impl FnMut() -> Result<bool>,
+    ) -> Result<()> {
+        self.adopt();
         for attempt in 0..2 {
             // wait for a fetch in flight, as long as one request can take
             if self.state[sample as usize].load(Ordering::Acquire) == IN_FLIGHT {
@@ -886,8 +935,7 @@ impl Replica {
                             self.state[sample as usize].load(Ordering::Acquire) == IN_FLIGHT
                         });
             }
-            file.read_exact_at(out, start).map_err(Error::io(path))?;
-            if crc32c(out) == checksum {
+            if check()? {
                 if attempt == 0 {
                     self.hits.fetch_add(1, Ordering::Relaxed);
                 }
@@ -915,23 +963,28 @@ impl Replica {
                 self.present_bytes
                     .fetch_sub(self.record_bytes(sample), Ordering::Relaxed);
             }
-            let mut ranges = self.plan(&mut vec![sample]);
+            let ranges = self.plan(&mut vec![sample]);
             let this = self.clone();
             if ranges.iter().any(|r| r.records.contains(&sample)) {
                 block_on(async move { this.fetch(ranges).await })??;
             } else {
-                ranges.clear();
+                self.release_all(&ranges);
                 block_on(async move { this.fetch_unclaimed(sample).await })??;
             }
         }
+        let (shard, ..) = self.spans[sample as usize];
         Err(Error::corrupt(
-            path,
+            &self.shards[shard as usize].1,
             format!(
                 "sample {sample} of cache {:?}: the replica's bytes fail their checksum after \
                  fetching them again",
                 self.name
             ),
         ))
+    }
+
+    fn release_all(&self, ranges: &[FetchRange]) {
+        ranges.iter().for_each(|r| self.release(r));
     }
 
     /// Fetch record `sample` although another fetch claimed it.

@@ -153,10 +153,10 @@ fn read_group<'a>(
         let (c, sample) = rows[row as usize];
         let cache = &caches[c as usize];
         let entry = cache.entry(sample)?;
-        // a remote cache's records are copied out and verified on the copy
+        // an evicting replica's records are copied out and verified on the copy
         let mapped = match cache.replica() {
-            None => Some(cache.stored(sample, &entry, true)?),
-            Some(_) => None,
+            Some(r) if !r.whole() => None,
+            _ => Some(cache.stored(sample, &entry, true)?),
         };
         let view = if entry.raw_len <= MAX_INLINE_VIEW_LEN {
             // at most 12 bytes: they live in the view itself

@@ -142,7 +142,11 @@ async fn run(
     progress: Arc<Progress>,
 ) -> Result<()> {
     let whole = remotes.iter().all(|(_, r)| r.whole());
-    if whole && remotes.iter().all(|(_, r)| r.present_bytes() == r.total_bytes()) {
+    if whole
+        && remotes
+            .iter()
+            .all(|(_, r)| r.present_bytes() == r.total_bytes())
+    {
         return Ok(()); // every record is here already (a later epoch): nothing to plan
     }
     let budget = remotes[0].1.remote().options().cache_bytes;

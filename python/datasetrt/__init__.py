@@ -105,37 +105,19 @@ def build(
     if not sources:
         raise InvalidInputError("build() needs at least one source")
     names = check_names(sources)
-    remote = {
-        "storage_options": storage_options,
-        "cache_dir": cache_dir,
-        "cache_bytes": cache_bytes,
-    }
-    if _is_url(root):
-        url = os.fspath(root)
-        options = _storage_options(storage_options)
+    url = os.fspath(root) if _is_url(root) else None
+    options = _storage_options(storage_options)
+    if url is None:
+        local, published = Path(root), set()
+    else:  # written into the local replica directory, then uploaded
         local = Path(_native.replica_root(url, None if cache_dir is None else os.fspath(cache_dir)))
         published = set(_native.remote_caches(url, options))
-        for name, source in zip(names, sources, strict=True):
-            if name in published:
-                continue
-            if not (local / name / "MANIFEST").is_file():
-                write_source(
-                    local,
-                    name,
-                    source,
-                    codec=codec,
-                    level=level,
-                    shard_bytes=shard_bytes,
-                    threads=threads,
-                    progress=progress,
-                )
-            _native.publish_remote(url, os.fspath(local / name), name, options)
-        return Dataset([url], snapshot_dir=snapshot_dir, **remote)
-    root = Path(root)
     for name, source in zip(names, sources, strict=True):
-        if not (root / name / "MANIFEST").is_file():
+        if name in published:
+            continue
+        if not (local / name / "MANIFEST").is_file():
             write_source(
-                root,
+                local,
                 name,
                 source,
                 codec=codec,
@@ -144,7 +126,17 @@ def build(
                 threads=threads,
                 progress=progress,
             )
-    return Dataset([root / name for name in names], snapshot_dir=snapshot_dir)
+        if url is not None:
+            _native.publish_remote(url, os.fspath(local / name), name, options)
+    if url is None:
+        return Dataset([local / name for name in names], snapshot_dir=snapshot_dir)
+    return Dataset(
+        [url],
+        snapshot_dir=snapshot_dir,
+        storage_options=storage_options,
+        cache_dir=cache_dir,
+        cache_bytes=cache_bytes,
+    )
 
 
 def build_ray(root: PathLike, ray_dataset: Any, *, name: str, **options: Any) -> Dataset:

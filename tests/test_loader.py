@@ -4,7 +4,10 @@ work is split over processes, bounded read-ahead, errors that surface."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import pickle
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -194,3 +197,24 @@ print(sum(seen))
 def test_metrics_from_one_thread_while_another_iterates(two_caches):
     _, root, _ = two_caches
     assert run_child(WATCHED_LOADER, root).split() == ["800"]
+
+
+def test_datasetrt_threads_sets_the_default_read_concurrency(tmp_path, source):
+    """One setting for every default thread count: the loader's readers
+    (and SQL's partitions, the runtime's workers) follow DATASETRT_THREADS."""
+    drt.build(tmp_path, [source("gamma-v1", 50)], progress=False)
+    script = (
+        "import sys, datasetrt as drt\n"
+        "plan = drt.open(sys.argv[1]).loader(10, seed=0).explain()\n"
+        "print(plan.split('concurrency=')[1].split(',')[0].split()[0])\n"
+    )
+    for threads in ("1", "3"):
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "DATASETRT_THREADS": threads},
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == threads

@@ -19,4 +19,15 @@ pub mod sample;
 pub mod store;
 
 pub use catalog::{Dataset, OpenOptions, Snapshot};
+
+/// Threads the engine uses by default (payload reads, SQL partitions, the
+/// runtime's workers): `$DATASETRT_THREADS` when it is a positive number,
+/// else the cores this process may use. The one place that decides it.
+pub fn threads() -> usize {
+    std::env::var("DATASETRT_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+}
 pub use error::{Error, Result};

@@ -368,7 +368,7 @@ impl PyDataset {
 
     /// The active snapshot as a table for the `datafusion` Python package.
     fn datafusion_table(&self) -> PyResult<crate::ffi::PyTableProvider> {
-        let partitions = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let partitions = datasetrt::threads();
         let table = datasetrt::query::metadata_table(&self.inner.snapshot(), partitions).py()?;
         Ok(crate::ffi::PyTableProvider { provider: table })
     }

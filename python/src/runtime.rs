@@ -11,14 +11,6 @@ use tokio::runtime::Runtime;
 
 static RUNTIME: Mutex<Option<(u32, Arc<Runtime>)>> = Mutex::new(None);
 
-fn threads() -> usize {
-    std::env::var("DATASETRT_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
-}
-
 /// The runtime of this process. A child created by `fork()` inherits the
 /// parent's runtime object but none of its threads: it gets a new one, and the
 /// inherited one is leaked (dropping it would wait for threads that do not exist).
@@ -34,7 +26,7 @@ pub fn runtime() -> PyResult<Arc<Runtime>> {
         std::mem::forget(stale);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads())
+        .worker_threads(datasetrt::threads())
         .thread_name("datasetrt")
         .enable_time()
         .build()

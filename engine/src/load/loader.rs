@@ -34,7 +34,7 @@ impl Default for Prefetch {
         Prefetch {
             bytes: 64 << 20,
             batches: 4,
-            concurrency: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            concurrency: crate::threads(),
         }
     }
 }

@@ -94,7 +94,7 @@ impl QuerySession {
     /// A session with table `metadata` (the snapshot) and table `payloads`
     /// (the caches, sorted by id), joins to which plan to `PayloadTakeExec`.
     pub fn new(snapshot: &Snapshot, caches: Arc<[Arc<Cache>]>) -> Result<Self> {
-        let partitions = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let partitions = crate::threads();
         let config = SessionConfig::new()
             .with_batch_size(BATCH_SIZE)
             .with_target_partitions(partitions)

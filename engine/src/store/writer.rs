@@ -42,9 +42,7 @@ impl Default for WriterOptions {
             codec: Codec::Zstd,
             level: 3,
             shard_target_bytes: 256 << 20,
-            threads: std::thread::available_parallelism()
-                .map(|n| n.get().min(4))
-                .unwrap_or(2),
+            threads: crate::threads().min(4),
         }
     }
 }

@@ -31,3 +31,45 @@ pub fn threads() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
 }
 pub use error::{Error, Result};
+
+/// A tokio runtime per process. A child created by `fork()` inherits the
+/// parent's runtime object but none of its threads: it gets a new one, and
+/// the inherited one is leaked (dropping it would wait for threads that do
+/// not exist in the child).
+pub struct ProcessRuntime {
+    slot: std::sync::Mutex<Option<(u32, std::sync::Arc<tokio::runtime::Runtime>)>>,
+}
+
+impl ProcessRuntime {
+    pub const fn new() -> Self {
+        ProcessRuntime {
+            slot: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// This process's runtime, made by `build` the first time (in this process).
+    pub fn get(
+        &self,
+        build: impl FnOnce() -> std::io::Result<tokio::runtime::Runtime>,
+    ) -> std::io::Result<std::sync::Arc<tokio::runtime::Runtime>> {
+        let pid = std::process::id();
+        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((owner, rt)) = slot.as_ref() {
+            if *owner == pid {
+                return Ok(rt.clone());
+            }
+        }
+        if let Some((_, stale)) = slot.take() {
+            std::mem::forget(stale);
+        }
+        let rt = std::sync::Arc::new(build()?);
+        *slot = Some((pid, rt.clone()));
+        Ok(rt)
+    }
+}
+
+impl Default for ProcessRuntime {
+    fn default() -> Self {
+        Self::new()
+    }
+}

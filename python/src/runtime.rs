@@ -3,39 +3,27 @@
 
 use std::future::Future;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::prelude::*;
 use tokio::runtime::Runtime;
 
-static RUNTIME: Mutex<Option<(u32, Arc<Runtime>)>> = Mutex::new(None);
+static RUNTIME: datasetrt::ProcessRuntime = datasetrt::ProcessRuntime::new();
 
-/// The runtime of this process. A child created by `fork()` inherits the
-/// parent's runtime object but none of its threads: it gets a new one, and the
-/// inherited one is leaked (dropping it would wait for threads that do not exist).
+/// The runtime of this process (a new one after `fork()`).
 pub fn runtime() -> PyResult<Arc<Runtime>> {
-    let pid = std::process::id();
-    let mut slot = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((owner, rt)) = slot.as_ref() {
-        if *owner == pid {
-            return Ok(rt.clone());
-        }
-    }
-    if let Some((_, stale)) = slot.take() {
-        std::mem::forget(stale);
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(datasetrt::threads())
-        .thread_name("datasetrt")
-        .enable_time()
-        .build()
+    RUNTIME
+        .get(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(datasetrt::threads())
+                .thread_name("datasetrt")
+                .enable_time()
+                .build()
+        })
         .map_err(|e| {
             pyo3::exceptions::PyRuntimeError::new_err(format!("cannot start the runtime: {e}"))
-        })?;
-    let rt = Arc::new(rt);
-    *slot = Some((pid, rt.clone()));
-    Ok(rt)
+        })
 }
 
 /// Run blocking work without the GIL, then check for Ctrl-C.

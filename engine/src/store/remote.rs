@@ -118,30 +118,19 @@ pub struct Remote {
     client: Mutex<Option<(u32, Arc<dyn ObjectStore>)>>,
 }
 
-static RUNTIME: Mutex<Option<(u32, Arc<tokio::runtime::Runtime>)>> = Mutex::new(None);
+static RUNTIME: crate::ProcessRuntime = crate::ProcessRuntime::new();
 
-/// The object-store I/O runtime of this process (rebuilt after `fork()`; the
-/// inherited one is leaked, its threads do not exist in the child).
+/// The object-store I/O runtime of this process (rebuilt after `fork()`).
 fn io_runtime() -> Result<Arc<tokio::runtime::Runtime>> {
-    let pid = std::process::id();
-    let mut slot = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((owner, rt)) = slot.as_ref() {
-        if *owner == pid {
-            return Ok(rt.clone());
-        }
-    }
-    if let Some((_, stale)) = slot.take() {
-        std::mem::forget(stale);
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("datasetrt-io")
-        .enable_all()
-        .build()
-        .map_err(|e| Error::invalid(format!("cannot start the I/O runtime: {e}")))?;
-    let rt = Arc::new(rt);
-    *slot = Some((pid, rt.clone()));
-    Ok(rt)
+    RUNTIME
+        .get(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("datasetrt-io")
+                .enable_all()
+                .build()
+        })
+        .map_err(|e| Error::invalid(format!("cannot start the I/O runtime: {e}")))
 }
 
 /// Run `fut` on the I/O runtime and wait for it from a thread outside it.

@@ -731,14 +731,10 @@ impl Replica {
         }
         let mut out: Vec<FetchRange> = Vec::new();
         for s in wanted {
-            let claimed = self.state[s as usize]
-                .compare_exchange(ABSENT, IN_FLIGHT, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok();
-            if !claimed {
+            if !self.move_state(s, ABSENT, IN_FLIGHT) {
                 continue;
             }
             let (shard, start, end, _) = self.spans[s as usize];
-            self.present_bytes.fetch_add(end - start, Ordering::Relaxed);
             if let Some(last) = out.last_mut() {
                 if last.shard == shard
                     && last.records.end == s
@@ -759,18 +755,30 @@ impl Replica {
         out
     }
 
+    /// Move record `s` from state `from` to `to` if it is in `from`. The one
+    /// place that keeps `present_bytes`: a record's bytes count from its claim
+    /// (IN_FLIGHT) while it is held (PRESENT), not while it is ABSENT.
+    fn move_state(&self, s: u64, from: u8, to: u8) -> bool {
+        let moved = self.state[s as usize]
+            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if moved && (from == ABSENT) != (to == ABSENT) {
+            let bytes = self.record_bytes(s);
+            if to == ABSENT {
+                self.present_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            } else {
+                self.present_bytes.fetch_add(bytes, Ordering::Relaxed);
+            }
+        }
+        moved
+    }
+
     /// In a child made by `fork()`: forget the parent's fetches in flight.
     fn adopt(&self) {
         let pid = std::process::id();
         if self.owner.swap(pid, Ordering::AcqRel) != pid {
-            for (s, state) in self.state.iter().enumerate() {
-                if state
-                    .compare_exchange(IN_FLIGHT, ABSENT, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    self.present_bytes
-                        .fetch_sub(self.record_bytes(s as u64), Ordering::Relaxed);
-                }
+            for s in 0..self.records() {
+                self.move_state(s, IN_FLIGHT, ABSENT);
             }
         }
     }
@@ -819,7 +827,7 @@ impl Replica {
         let result = self.fetch_one(&r).await;
         if result.is_ok() {
             for s in r.records.clone() {
-                self.state[s as usize].store(PRESENT, Ordering::Release);
+                self.move_state(s, IN_FLIGHT, PRESENT);
             }
         }
         self.release(&r); // after an error: the claims go back
@@ -928,14 +936,7 @@ impl Replica {
                 if attempt == 0 {
                     self.hits.fetch_add(1, Ordering::Relaxed);
                 }
-                if self.state[sample as usize]
-                    .compare_exchange(ABSENT, PRESENT, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    // fetched by another process
-                    self.present_bytes
-                        .fetch_add(self.record_bytes(sample), Ordering::Relaxed);
-                }
+                self.move_state(sample, ABSENT, PRESENT); // fetched by another process
                 return Ok(());
             }
             if attempt == 1 {
@@ -945,13 +946,7 @@ impl Replica {
             // process: fetch it now (its chunk, in whole mode), or alone when
             // it is claimed by a fetch that is late
             self.misses.fetch_add(1, Ordering::Relaxed);
-            if self.state[sample as usize]
-                .compare_exchange(PRESENT, ABSENT, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                self.present_bytes
-                    .fetch_sub(self.record_bytes(sample), Ordering::Relaxed);
-            }
+            self.move_state(sample, PRESENT, ABSENT);
             let ranges = self.plan(&mut vec![sample]);
             let this = self.clone();
             if ranges.iter().any(|r| r.records.contains(&sample)) {
@@ -990,13 +985,7 @@ impl Replica {
     /// Give up claims that will not be fetched (a fetcher that stopped).
     pub fn release(&self, r: &FetchRange) {
         for s in r.records.clone() {
-            if self.state[s as usize]
-                .compare_exchange(IN_FLIGHT, ABSENT, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                self.present_bytes
-                    .fetch_sub(self.record_bytes(s), Ordering::Relaxed);
-            }
+            self.move_state(s, IN_FLIGHT, ABSENT);
         }
         let _guard = self.landed.0.lock().unwrap_or_else(|p| p.into_inner());
         self.landed.1.notify_all();
@@ -1005,16 +994,11 @@ impl Replica {
     /// Drop record `sample` from the replica: its pages that no record this
     /// process holds shares are punched out of the sparse shard.
     pub fn evict(&self, sample: u64) {
-        if self.state[sample as usize]
-            .compare_exchange(PRESENT, ABSENT, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
+        if !self.move_state(sample, PRESENT, ABSENT) {
             return;
         }
         let (shard, start, end, _) = self.spans[sample as usize];
-        let bytes = end - start;
-        self.present_bytes.fetch_sub(bytes, Ordering::Relaxed);
-        self.evicted.fetch_add(bytes, Ordering::Relaxed);
+        self.evicted.fetch_add(end - start, Ordering::Relaxed);
         const PAGE: u64 = 4096;
         let mut lo = start / PAGE * PAGE;
         let mut hi = end.div_ceil(PAGE) * PAGE;

@@ -18,7 +18,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 pub use snapshot::{read_manifest, Manifest, Snapshot};
 
 use crate::store::remote::{self, Remote, RemoteOptions};
-use crate::store::{fs, Cache};
+use crate::store::{fs, Cache, CacheSet};
 use crate::{Error, Result};
 
 pub use crate::store::RESERVED_COLUMNS;
@@ -43,7 +43,7 @@ pub struct OpenOptions {
 /// Caches plus the active metadata snapshot.
 #[derive(Debug)]
 pub struct Dataset {
-    caches: Arc<[Arc<Cache>]>,
+    caches: CacheSet,
     snapshot_dir: PathBuf,
     active: RwLock<Arc<Snapshot>>,
     /// The bucket that holds the snapshots, for a dataset of remote caches.
@@ -222,7 +222,7 @@ impl Dataset {
             }
         };
         Ok(Dataset {
-            caches: caches.into(),
+            caches: CacheSet::new(caches)?,
             snapshot_dir,
             active: RwLock::new(Arc::new(snapshot)),
             mirror,
@@ -256,25 +256,18 @@ impl Dataset {
     }
 
     /// The caches of this dataset, sorted by `cache_id`.
-    pub fn caches(&self) -> &[Arc<Cache>] {
+    pub fn caches(&self) -> &CacheSet {
         &self.caches
     }
 
-    /// The caches as a shareable list (for plan nodes).
-    pub fn cache_set(&self) -> Arc<[Arc<Cache>]> {
+    /// The caches, shared (for plan nodes and loaders).
+    pub fn cache_set(&self) -> CacheSet {
         self.caches.clone()
     }
 
     /// Position of `cache_id` in [`Dataset::caches`].
     pub fn cache_position(&self, cache_id: i64) -> Result<usize> {
-        self.caches
-            .binary_search_by_key(&cache_id, |c| c.id())
-            .map_err(|_| {
-                Error::invalid(format!(
-                    "cache_id {cache_id} is not a cache of this dataset (known cache_ids: {:?})",
-                    self.caches.iter().map(|c| c.id()).collect::<Vec<_>>()
-                ))
-            })
+        self.caches.position(cache_id)
     }
 
     /// Where this dataset's snapshots live.
@@ -564,7 +557,7 @@ impl Dataset {
     /// path as `PayloadTakeExec`.
     pub fn read(&self, cache_id: i64, sample_id: i64) -> Result<Vec<u8>> {
         self.cache_position(cache_id)?;
-        let data = crate::store::take::take_payloads(&self.caches, &[cache_id], &[sample_id], 1)?;
+        let data = self.caches.take(&[cache_id], &[sample_id], 1)?;
         Ok(data.value(0).to_vec())
     }
 }

@@ -18,7 +18,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use crate::sample::AliasTable;
 use crate::store::checksum::crc32c;
-use crate::store::{fs, ipc, Cache};
+use crate::store::{fs, ipc, CacheSet};
 use crate::{Error, Result};
 
 const HEADER: &str = "datasetrt-snapshot";
@@ -653,7 +653,7 @@ impl Snapshot {
 
     /// The first row of `(cache position, sample_id)` in this population, if any.
     /// `caches` must be the dataset's caches, sorted by id.
-    pub fn row_of(&self, caches: &[Arc<Cache>], cache_pos: usize, sample_id: u64) -> Option<usize> {
+    pub fn row_of(&self, caches: &CacheSet, cache_pos: usize, sample_id: u64) -> Option<usize> {
         let table = self.rows_by_sample.get_or_init(|| {
             let mut table: Vec<Vec<u32>> = caches
                 .iter()

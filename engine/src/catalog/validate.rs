@@ -7,7 +7,7 @@ use arrow::array::{Array, ArrayRef, AsArray, Float64Array, RecordBatch};
 use arrow::compute::{cast, cast_with_options, concat_batches, CastOptions};
 use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef};
 
-use crate::store::Cache;
+use crate::store::CacheSet;
 use crate::{Error, Result};
 
 fn is_integer(ty: &DataType) -> bool {
@@ -59,7 +59,7 @@ fn identity_column(batch: &RecordBatch, name: &str) -> Result<ArrayRef> {
 /// store: identity columns as Int64, `weight` as Float64 (1.0 when absent),
 /// other columns as given.
 pub fn validate_update(
-    caches: &[Arc<Cache>],
+    caches: &CacheSet,
     schema: &SchemaRef,
     batches: &[RecordBatch],
 ) -> Result<RecordBatch> {
@@ -107,17 +107,13 @@ pub fn validate_update(
     let mut pos = 0usize;
     let mut total = 0.0f64;
     for row in 0..rows {
-        if caches[pos].id() != ids[row] {
-            pos = caches
-                .binary_search_by_key(&ids[row], |c| c.id())
-                .map_err(|_| {
-                    Error::invalid(format!(
-                    "row {row}: cache_id {} is not a cache of this dataset (known cache_ids: {:?})",
-                    ids[row],
-                    caches.iter().map(|c| c.id()).collect::<Vec<_>>()
-                ))
-                })?;
-        }
+        pos = caches.position_near(ids[row], pos).ok_or_else(|| {
+            Error::invalid(format!(
+                "row {row}: cache_id {} is not a cache of this dataset (known cache_ids: {:?})",
+                ids[row],
+                caches.ids()
+            ))
+        })?;
         let cache = &caches[pos];
         if samples[row] < 0 || samples[row] as u64 >= cache.records() {
             return Err(Error::invalid(format!(

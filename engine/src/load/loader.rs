@@ -14,7 +14,8 @@ use tokio::task::JoinHandle;
 use super::draws::{DrawPlan, SampleExec};
 use super::prefetch::Progress;
 use crate::catalog::{Dataset, Snapshot};
-use crate::query::take::{binary_view_bytes, PayloadTakeExec};
+use crate::query::take::PayloadTakeExec;
+use crate::store::take::binary_view_bytes;
 use crate::{Error, Result};
 
 /// Read-ahead limits and read concurrency.

@@ -34,8 +34,7 @@ use tokio::sync::Notify;
 use super::draws::{epoch_sampler, DrawPlan};
 use crate::catalog::Snapshot;
 use crate::store::remote::{self, FetchRange, Replica};
-use crate::store::take::cache_position;
-use crate::store::Cache;
+use crate::store::CacheSet;
 use crate::Result;
 
 /// Bytes fetched ahead of the consumer when the budget holds everything.
@@ -60,7 +59,7 @@ impl Progress {
 }
 
 /// The remote caches of a dataset: (cache position, replica).
-fn replicas(caches: &[Arc<Cache>]) -> Vec<(usize, Arc<Replica>)> {
+fn replicas(caches: &CacheSet) -> Vec<(usize, Arc<Replica>)> {
     caches
         .iter()
         .enumerate()
@@ -69,11 +68,7 @@ fn replicas(caches: &[Arc<Cache>]) -> Vec<(usize, Arc<Replica>)> {
 }
 
 /// This reader's draws of one epoch, as (cache position, sample), in order.
-fn my_draws(
-    caches: &[Arc<Cache>],
-    snapshot: &Snapshot,
-    plan: &DrawPlan,
-) -> Result<Vec<(u32, u64)>> {
+fn my_draws(caches: &CacheSet, snapshot: &Snapshot, plan: &DrawPlan) -> Result<Vec<(u32, u64)>> {
     let sampler = epoch_sampler(snapshot, plan)?;
     let ids = snapshot.cache_ids().values();
     let samples = snapshot.sample_ids().values();
@@ -83,7 +78,7 @@ fn my_draws(
         let (start, end) = plan.block_range(b);
         for k in start..end {
             let row = sampler.row(k) as usize;
-            hint = cache_position(caches, ids[row], hint).unwrap_or(hint);
+            hint = caches.position_near(ids[row], hint).unwrap_or(hint);
             out.push((hint as u32, samples[row] as u64));
         }
     }
@@ -119,7 +114,7 @@ impl NextUse {
 /// `None` when there are none. The task ends with the epoch, on its first
 /// error, or when the handle is dropped.
 pub fn start(
-    caches: Arc<[Arc<Cache>]>,
+    caches: CacheSet,
     snapshot: Arc<Snapshot>,
     plan: DrawPlan,
     progress: Arc<Progress>,
@@ -135,7 +130,7 @@ pub fn start(
 }
 
 async fn run(
-    caches: Arc<[Arc<Cache>]>,
+    caches: CacheSet,
     remotes: Vec<(usize, Arc<Replica>)>,
     snapshot: Arc<Snapshot>,
     plan: DrawPlan,

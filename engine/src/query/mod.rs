@@ -19,7 +19,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 
 use self::tables::Tables;
 use crate::catalog::Snapshot;
-use crate::store::Cache;
+use crate::store::CacheSet;
 use crate::Result;
 
 /// Rows per output batch. DataFusion's default (8,192) would cut results into
@@ -93,7 +93,7 @@ pub struct QuerySession {
 impl QuerySession {
     /// A session with table `metadata` (the snapshot) and table `payloads`
     /// (the caches, sorted by id), joins to which plan to `PayloadTakeExec`.
-    pub fn new(snapshot: &Snapshot, caches: Arc<[Arc<Cache>]>) -> Result<Self> {
+    pub fn new(snapshot: &Snapshot, caches: CacheSet) -> Result<Self> {
         let partitions = crate::threads();
         let config = SessionConfig::new()
             .with_batch_size(BATCH_SIZE)

@@ -41,8 +41,8 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::take::{payload_columns, PayloadColumn, PayloadTakeExec, Unmatched};
-use crate::store::Cache;
+use super::take::{PayloadColumn, PayloadTakeExec, Unmatched};
+use crate::store::CacheSet;
 
 /// Rows per batch of a full `payloads` scan.
 const SCAN_BATCH: usize = 8192;
@@ -56,12 +56,12 @@ fn schema_of(columns: &[PayloadColumn]) -> SchemaRef {
 /// The `payloads` table of a dataset.
 #[derive(Debug)]
 pub struct PayloadsTable {
-    caches: Arc<[Arc<Cache>]>,
+    caches: CacheSet,
     concurrency: usize,
 }
 
 impl PayloadsTable {
-    pub fn new(caches: Arc<[Arc<Cache>]>, concurrency: usize) -> Self {
+    pub fn new(caches: CacheSet, concurrency: usize) -> Self {
         PayloadsTable {
             caches,
             concurrency,
@@ -102,7 +102,7 @@ impl TableProvider for PayloadsTable {
 /// A scan of every stored sample (one partition, cache by cache).
 #[derive(Debug)]
 pub struct PayloadScanExec {
-    caches: Arc<[Arc<Cache>]>,
+    caches: CacheSet,
     columns: Vec<PayloadColumn>,
     limit: Option<usize>,
     concurrency: usize,
@@ -112,7 +112,7 @@ pub struct PayloadScanExec {
 
 impl PayloadScanExec {
     pub fn new(
-        caches: Arc<[Arc<Cache>]>,
+        caches: CacheSet,
         columns: Vec<PayloadColumn>,
         limit: Option<usize>,
         concurrency: usize,
@@ -226,11 +226,11 @@ impl ExecutionPlan for PayloadScanExec {
             let cache_ids = vec![id; n as usize];
             let sample_ids: Vec<i64> = (start as i64..(start + n) as i64).collect();
             let arrays: Vec<ArrayRef> =
-                payload_columns(&caches, &cache_ids, &sample_ids, &columns, concurrency)?;
+                caches.payload_columns(&cache_ids, &sample_ids, &columns, concurrency)?;
             rows.add(n as usize);
             for (c, a) in columns.iter().zip(&arrays) {
                 if *c == PayloadColumn::Data {
-                    bytes.add(super::take::binary_view_bytes(a.as_ref()));
+                    bytes.add(crate::store::take::binary_view_bytes(a.as_ref()));
                 }
             }
             // `count(*)` projects no column: the batch still has n rows

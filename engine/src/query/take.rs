@@ -31,13 +31,10 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use crate::store::Cache;
+use crate::store::take::binary_view_bytes;
+pub use crate::store::take::{PayloadColumn, DATA_COLUMN};
+use crate::store::CacheSet;
 use crate::{Error, Result};
-
-use crate::store::take::cache_position;
-pub use crate::store::take::{
-    binary_view_bytes, payload_columns, take_payloads, PayloadColumn, DATA_COLUMN,
-};
 
 /// What becomes of an input row whose identity is not a stored sample
 /// (an unknown cache, a sample id out of range, or a null).
@@ -58,7 +55,7 @@ pub enum Unmatched {
 #[derive(Debug)]
 pub struct PayloadTakeExec {
     input: Arc<dyn ExecutionPlan>,
-    caches: Arc<[Arc<Cache>]>,
+    caches: CacheSet,
     /// Positions of the Int64 identity columns in the input.
     identity: (usize, usize),
     columns: Vec<PayloadColumn>,
@@ -73,7 +70,7 @@ impl PayloadTakeExec {
     /// Append `data` to an input with Int64 columns `cache_id` and `sample_id`.
     pub fn try_new(
         input: Arc<dyn ExecutionPlan>,
-        caches: Arc<[Arc<Cache>]>,
+        caches: CacheSet,
         concurrency: usize,
     ) -> Result<Self> {
         let schema = input.schema();
@@ -100,7 +97,7 @@ impl PayloadTakeExec {
     /// sample are treated as `unmatched` says.
     pub fn with_columns(
         input: Arc<dyn ExecutionPlan>,
-        caches: Arc<[Arc<Cache>]>,
+        caches: CacheSet,
         identity: (usize, usize),
         columns: Vec<PayloadColumn>,
         unmatched: Unmatched,
@@ -167,7 +164,7 @@ impl DisplayAs for PayloadTakeExec {
 
 /// What every batch of one partition's stream needs.
 struct PartitionTake {
-    caches: Arc<[Arc<Cache>]>,
+    caches: CacheSet,
     identity: (usize, usize),
     columns: Arc<[PayloadColumn]>,
     unmatched: Unmatched,
@@ -199,13 +196,8 @@ impl PartitionTake {
         let sample_ids = column_i64(&matched, self.identity.1)?;
         let this = self.clone();
         let mut added = tokio::task::spawn_blocking(move || {
-            payload_columns(
-                &this.caches,
-                &cache_ids,
-                &sample_ids,
-                &this.columns,
-                this.concurrency,
-            )
+            this.caches
+                .payload_columns(&cache_ids, &sample_ids, &this.columns, this.concurrency)
         })
         .await
         .map_err(|e| DataFusionError::Execution(format!("payload read task failed: {e}")))??;
@@ -245,26 +237,16 @@ impl PartitionTake {
 
 /// Which rows name a stored sample: both identity values present, a cache
 /// of this dataset, a sample id in its range.
-fn stored_mask(
-    batch: &RecordBatch,
-    identity: (usize, usize),
-    caches: &[Arc<Cache>],
-) -> BooleanArray {
+fn stored_mask(batch: &RecordBatch, identity: (usize, usize), caches: &CacheSet) -> BooleanArray {
     let cache_ids = batch.column(identity.0).as_primitive::<Int64Type>();
     let sample_ids = batch.column(identity.1).as_primitive::<Int64Type>();
-    let mut pos = 0usize;
+    let mut hint = 0usize;
     cache_ids
         .iter()
         .zip(sample_ids.iter())
-        .map(|(cid, sid)| {
-            let (Some(cid), Some(sid)) = (cid, sid) else {
-                return Some(false);
-            };
-            let Some(at) = cache_position(caches, cid, pos) else {
-                return Some(false);
-            };
-            pos = at;
-            Some(u64::try_from(sid).is_ok_and(|s| s < caches[at].records()))
+        .map(|(cid, sid)| match (cid, sid) {
+            (Some(cid), Some(sid)) => Some(caches.holds(cid, sid, &mut hint)),
+            _ => Some(false),
         })
         .collect()
 }

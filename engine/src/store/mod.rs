@@ -20,6 +20,7 @@ pub mod ipc;
 pub mod manifest;
 mod reader;
 pub mod remote;
+mod set;
 pub mod take;
 mod writer;
 
@@ -27,6 +28,7 @@ pub use codec::Codec;
 pub use format::IndexEntry;
 pub use manifest::Manifest;
 pub use reader::Cache;
+pub use set::CacheSet;
 pub use writer::{CacheWriter, WriterOptions};
 
 /// Columns DatasetRT owns in every population: metadata may not use these

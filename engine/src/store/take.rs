@@ -13,7 +13,7 @@ use arrow::array::{
 use arrow::buffer::{Buffer, ScalarBuffer};
 use arrow::datatypes::{DataType, Field};
 
-use super::{Cache, Codec, IndexEntry};
+use super::{Cache, CacheSet, Codec, IndexEntry};
 use crate::{Error, Result};
 
 /// Name of the payload column the node appends.
@@ -24,25 +24,48 @@ pub const DATA_COLUMN: &str = "data";
 const MIN_ROWS_PER_GROUP: usize = 32;
 const MIN_BYTES_PER_GROUP: usize = 4 << 20;
 
-/// Decoded payloads of a list of `(cache_id, sample_id)`, in input order, as
-/// a `BinaryView` array.
-///
-/// Records stored raw are not copied: after their checksum is verified the
-/// array's views point straight into the mapped shard (page cache). Compressed
-/// records are decoded into one buffer per read group. Reads are sorted by
-/// (cache, sample) — the order records were written, so shard by shard,
-/// offset by offset — and split into up to `concurrency` groups on scoped
-/// threads. Everything that touches a record (index entry, checksum, decode,
-/// the view's 4-byte prefix) happens in its group while the bytes are hot;
-/// putting the views in input order afterwards reads no payload memory.
-pub fn take_payloads(
-    caches: &[Arc<Cache>],
+impl CacheSet {
+    /// Decoded payloads of a list of `(cache_id, sample_id)`, in input order, as
+    /// a `BinaryView` array.
+    ///
+    /// Records stored raw are not copied: after their checksum is verified the
+    /// array's views point straight into the mapped shard (page cache). Compressed
+    /// records are decoded into one buffer per read group. Reads are sorted by
+    /// (cache, sample) — the order records were written, so shard by shard,
+    /// offset by offset — and split into up to `concurrency` groups on scoped
+    /// threads. Everything that touches a record (index entry, checksum, decode,
+    /// the view's 4-byte prefix) happens in its group while the bytes are hot;
+    /// putting the views in input order afterwards reads no payload memory.
+    pub fn take(
+        &self,
+        cache_ids: &[i64],
+        sample_ids: &[i64],
+        concurrency: usize,
+    ) -> Result<BinaryViewArray> {
+        take_payloads(self, cache_ids, sample_ids, concurrency)
+    }
+
+    /// The payload columns for rows `(cache_ids[i], sample_ids[i])`, in order.
+    /// Only [`PayloadColumn::Data`] reads payload bytes; the rest come from the index.
+    pub fn payload_columns(
+        &self,
+        cache_ids: &[i64],
+        sample_ids: &[i64],
+        columns: &[PayloadColumn],
+        concurrency: usize,
+    ) -> Result<Vec<ArrayRef>> {
+        payload_columns(self, cache_ids, sample_ids, columns, concurrency)
+    }
+}
+
+fn take_payloads(
+    caches: &CacheSet,
     cache_ids: &[i64],
     sample_ids: &[i64],
     concurrency: usize,
 ) -> Result<BinaryViewArray> {
     let n = cache_ids.len();
-    let rows = resolve(caches, cache_ids, sample_ids)?;
+    let rows = caches.resolve(cache_ids, sample_ids)?;
     let mut order: Vec<u32> = (0..n as u32).collect();
     order.sort_unstable_by_key(|&i| rows[i as usize]);
     // Splitting is decided on the caches' mean record size (the entries are
@@ -202,40 +225,6 @@ fn read_group<'a>(
     Ok(GroupOutput { buffers, views })
 }
 
-/// The cache (by position) and sample of each `(cache_id, sample_id)`, with
-/// the row named in the error for an unknown cache or a negative sample id.
-fn resolve(
-    caches: &[Arc<Cache>],
-    cache_ids: &[i64],
-    sample_ids: &[i64],
-) -> Result<Vec<(u32, u64)>> {
-    let mut pos = 0usize;
-    cache_ids
-        .iter()
-        .zip(sample_ids)
-        .enumerate()
-        .map(|(i, (&cid, &sid))| {
-            pos = cache_position(caches, cid, pos).ok_or_else(|| {
-                Error::invalid(format!(
-                    "row {i}: cache_id {cid} is not a cache of this dataset"
-                ))
-            })?;
-            let sample = u64::try_from(sid)
-                .map_err(|_| Error::invalid(format!("row {i}: sample_id {sid} is negative")))?;
-            Ok((pos as u32, sample))
-        })
-        .collect()
-}
-
-/// Position of cache `cache_id` among `caches` (sorted by id), trying `hint`
-/// first: consecutive rows mostly name the same cache.
-pub(crate) fn cache_position(caches: &[Arc<Cache>], cache_id: i64, hint: usize) -> Option<usize> {
-    if caches.get(hint).is_some_and(|c| c.id() == cache_id) {
-        return Some(hint);
-    }
-    caches.binary_search_by_key(&cache_id, |c| c.id()).ok()
-}
-
 /// Total value bytes of a `BinaryView` payload column.
 pub fn binary_view_bytes(array: &dyn Array) -> usize {
     let views = array.as_binary_view();
@@ -292,10 +281,8 @@ impl PayloadColumn {
     }
 }
 
-/// The payload columns for rows `(cache_ids[i], sample_ids[i])`, in order.
-/// Only [`PayloadColumn::Data`] reads payload bytes; the rest come from the index.
-pub fn payload_columns(
-    caches: &[Arc<Cache>],
+fn payload_columns(
+    caches: &CacheSet,
     cache_ids: &[i64],
     sample_ids: &[i64],
     columns: &[PayloadColumn],
@@ -311,7 +298,8 @@ pub fn payload_columns(
         )
     });
     let entries: Vec<IndexEntry> = if needs_index {
-        resolve(caches, cache_ids, sample_ids)?
+        caches
+            .resolve(cache_ids, sample_ids)?
             .into_iter()
             .map(|(c, sample)| caches[c as usize].entry(sample))
             .collect::<Result<_>>()?
@@ -335,9 +323,7 @@ pub fn payload_columns(
             PayloadColumn::Checksum => Arc::new(Int64Array::from_iter_values(
                 entries.iter().map(|e| e.checksum as i64),
             )),
-            PayloadColumn::Data => {
-                Arc::new(take_payloads(caches, cache_ids, sample_ids, concurrency)?)
-            }
+            PayloadColumn::Data => Arc::new(caches.take(cache_ids, sample_ids, concurrency)?),
         };
         out.push(array);
     }

@@ -1,4 +1,4 @@
-//! `take_payloads`, the read under every payload query and the loader: the
+//! `CacheSet::take`, the read under every payload query and the loader: the
 //! bytes written, in input order, whatever mix of codecs, shards, caches,
 //! sizes and read groups a batch touches.
 
@@ -6,8 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use arrow::array::{Array, BinaryViewArray};
-use datasetrt::query::take::take_payloads;
-use datasetrt::store::{Cache, CacheWriter, Codec, WriterOptions};
+use datasetrt::store::{Cache, CacheSet, CacheWriter, Codec, WriterOptions};
 
 use crate::store::attributes;
 
@@ -57,8 +56,9 @@ fn every_record_comes_back_in_input_order_for_any_mix_and_any_concurrency() {
         (0, write(dir.path(), 0, Codec::Zstd, n)),
         (1, write(dir.path(), 1, Codec::None, n)),
     ];
-    caches.sort_by_key(|(_, c)| c.id()); // the dataset keeps its caches sorted by id
+    caches.sort_by_key(|(_, c)| c.id()); // the set keeps its caches sorted by id
     let (ks, caches): (Vec<u64>, Vec<Arc<Cache>>) = caches.into_iter().unzip();
+    let caches = CacheSet::new(caches).unwrap();
     for c in &caches {
         assert!(c.manifest().shard_bytes.len() > 3);
     }
@@ -70,8 +70,7 @@ fn every_record_comes_back_in_input_order_for_any_mix_and_any_concurrency() {
     let sample_ids: Vec<i64> = rows.iter().map(|&(_, s)| s as i64).collect();
     let shards: usize = caches.iter().map(|c| c.manifest().shard_bytes.len()).sum();
     for concurrency in [1, 2, 4] {
-        let array: BinaryViewArray =
-            take_payloads(&caches, &cache_ids, &sample_ids, concurrency).unwrap();
+        let array: BinaryViewArray = caches.take(&cache_ids, &sample_ids, concurrency).unwrap();
         assert_eq!(array.len(), rows.len());
         for (at, &(c, s)) in rows.iter().enumerate() {
             assert_eq!(
@@ -84,22 +83,22 @@ fn every_record_comes_back_in_input_order_for_any_mix_and_any_concurrency() {
         // plus one per read group for decoded records
         assert!(array.data_buffers().len() <= shards + concurrency);
     }
-    let none = take_payloads(&caches, &[], &[], 4).unwrap();
+    let none = caches.take(&[], &[], 4).unwrap();
     assert_eq!(none.len(), 0);
 }
 
 #[test]
 fn a_bad_identity_names_its_row() {
     let dir = tempfile::tempdir().unwrap();
-    let caches = vec![write(dir.path(), 0, Codec::None, 10)];
+    let caches = CacheSet::new(vec![write(dir.path(), 0, Codec::None, 10)]).unwrap();
     let id = caches[0].id();
-    let err = take_payloads(&caches, &[id, id + 1], &[0, 0], 1).unwrap_err();
+    let err = caches.take(&[id, id + 1], &[0, 0], 1).unwrap_err();
     assert!(err.to_string().contains("row 1"), "{err}");
-    let err = take_payloads(&caches, &[id, id], &[0, -3], 1).unwrap_err();
+    let err = caches.take(&[id, id], &[0, -3], 1).unwrap_err();
     assert!(
         err.to_string().contains("row 1") && err.to_string().contains("-3"),
         "{err}"
     );
-    let err = take_payloads(&caches, &[id], &[10], 1).unwrap_err();
+    let err = caches.take(&[id], &[10], 1).unwrap_err();
     assert!(err.to_string().contains("out of range"), "{err}");
 }

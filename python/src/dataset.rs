@@ -8,9 +8,9 @@ use std::time::Duration;
 use arrow::array::{AsArray, RecordBatch, UInt32Array};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema, UInt32Type};
 use datasetrt::catalog::Snapshot;
-use datasetrt::load::{DrawPlan, Loader, Prefetch};
+use datasetrt::load::{Loader, Prefetch};
 use datasetrt::query::QuerySession;
-use datasetrt::sample::{EpochSampler, Sampling};
+use datasetrt::sample::{DrawPlan, Sampling};
 use datasetrt::store::remote::{self, Remote, RemoteOptions};
 use datasetrt::{Dataset, OpenOptions};
 use pyo3::prelude::*;
@@ -212,13 +212,8 @@ impl PyDataset {
         let snapshot = self.pinned(snapshot)?;
         let sampling = Sampling::parse(sampling).py()?;
         let rows = detach(py, move || -> datasetrt::Result<Vec<u32>> {
-            let weights = snapshot.weights().values();
-            let len = epoch_len.unwrap_or_else(|| sampling.default_epoch_len(weights));
-            let alias = match sampling {
-                Sampling::Replacement => Some(snapshot.alias_table()?),
-                _ => None,
-            };
-            let sampler = EpochSampler::new(sampling, weights, alias, seed, epoch, len)?;
+            let len = snapshot.epoch_len(sampling, epoch_len);
+            let sampler = snapshot.sampler(sampling, seed, epoch, len)?;
             Ok((start..start + count as u64)
                 .map(|k| sampler.row(k))
                 .collect())
@@ -247,8 +242,7 @@ impl PyDataset {
     ) -> PyResult<(u64, u64)> {
         let snapshot = self.pinned(snapshot)?;
         let sampling = Sampling::parse(sampling).py()?;
-        let epoch_len =
-            epoch_len.unwrap_or_else(|| sampling.default_epoch_len(snapshot.weights().values()));
+        let epoch_len = snapshot.epoch_len(sampling, epoch_len);
         let plan = DrawPlan {
             sampling,
             seed: 0,
@@ -538,8 +532,7 @@ impl PyDataset {
     ) -> PyResult<PyLoader> {
         let snapshot = self.pinned(snapshot)?;
         let sampling = Sampling::parse(sampling).py()?;
-        let epoch_len =
-            epoch_len.unwrap_or_else(|| sampling.default_epoch_len(snapshot.weights().values()));
+        let epoch_len = snapshot.epoch_len(sampling, epoch_len);
         let draws = DrawPlan {
             sampling,
             seed,

@@ -16,7 +16,7 @@ use arrow::array::{Array, ArrayData, ArrayRef, AsArray, Float64Array, Int64Array
 use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef};
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::sample::AliasTable;
+use crate::sample::{AliasTable, DrawPlan, EpochSampler, Sampling};
 use crate::store::checksum::crc32c;
 use crate::store::{fs, ipc, CacheSet};
 use crate::{Error, Result};
@@ -633,6 +633,41 @@ impl Snapshot {
             .column_by_name("weight")
             .expect("weight column checked on open")
             .as_primitive::<Float64Type>()
+    }
+
+    /// Draws per epoch of `sampling` over this population: `epoch_len` when
+    /// given, else the mode's default (the population's size, or for
+    /// `balanced` the classes times the largest class).
+    pub fn epoch_len(&self, sampling: Sampling, epoch_len: Option<u64>) -> u64 {
+        epoch_len.unwrap_or_else(|| sampling.default_epoch_len(self.weights().values()))
+    }
+
+    /// The sampler of epoch `epoch` of `sampling` over this population: draw
+    /// `k` is row `sampler.row(k)`.
+    pub fn sampler(
+        &self,
+        sampling: Sampling,
+        seed: u64,
+        epoch: u64,
+        epoch_len: u64,
+    ) -> Result<EpochSampler> {
+        let alias = match sampling {
+            Sampling::Replacement => Some(self.alias_table()?),
+            _ => None,
+        };
+        EpochSampler::new(
+            sampling,
+            self.weights().values(),
+            alias,
+            seed,
+            epoch,
+            epoch_len,
+        )
+    }
+
+    /// The sampler of `plan`'s epoch over this population.
+    pub fn epoch_sampler(&self, plan: &DrawPlan) -> Result<EpochSampler> {
+        self.sampler(plan.sampling, plan.seed, plan.epoch, plan.epoch_len)
     }
 
     /// Alias table over the weights: built once per weight column, stored next

@@ -11,10 +11,10 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
-use super::draws::{DrawPlan, SampleExec};
 use super::prefetch::Progress;
 use crate::catalog::{Dataset, Snapshot};
-use crate::query::take::PayloadTakeExec;
+use crate::query::exec::{PayloadTakeExec, SampleExec};
+use crate::sample::DrawPlan;
 use crate::store::take::binary_view_bytes;
 use crate::{Error, Result};
 

@@ -31,8 +31,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::sync::Notify;
 
-use super::draws::{epoch_sampler, DrawPlan};
 use crate::catalog::Snapshot;
+use crate::sample::DrawPlan;
 use crate::store::remote::{self, FetchRange, Replica};
 use crate::store::CacheSet;
 use crate::Result;
@@ -69,7 +69,7 @@ fn replicas(caches: &CacheSet) -> Vec<(usize, Arc<Replica>)> {
 
 /// This reader's draws of one epoch, as (cache position, sample), in order.
 fn my_draws(caches: &CacheSet, snapshot: &Snapshot, plan: &DrawPlan) -> Result<Vec<(u32, u64)>> {
-    let sampler = epoch_sampler(snapshot, plan)?;
+    let sampler = snapshot.epoch_sampler(plan)?;
     let ids = snapshot.cache_ids().values();
     let samples = snapshot.sample_ids().values();
     let mut out = Vec::new();

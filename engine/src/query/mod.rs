@@ -2,10 +2,9 @@
 //! snapshot, served zero-copy from its mapped file; `PayloadTakeExec` turns
 //! identities into payload bytes.
 
-mod coop;
+pub mod exec;
 pub mod payloads;
 mod tables;
-pub mod take;
 pub mod udf;
 
 use std::sync::Arc;
@@ -102,8 +101,8 @@ impl QuerySession {
         let state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
-            .with_physical_optimizer_rule(Arc::new(payloads::PayloadJoinRule))
-            .with_physical_optimizer_rule(Arc::new(coop::YieldingJoins))
+            .with_physical_optimizer_rule(Arc::new(exec::PayloadJoinRule))
+            .with_physical_optimizer_rule(Arc::new(exec::YieldingJoins))
             .build();
         let ctx = SessionContext::new_with_state(state);
         ctx.register_udf(udf::drt_uniform());

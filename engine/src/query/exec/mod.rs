@@ -1,0 +1,20 @@
+//! Every DataFusion node and optimizer rule of the engine, together:
+//!
+//! * [`SampleExec`]: the loader plan's source, one reader's draws of an epoch.
+//! * [`PayloadScanExec`]: a scan of table `payloads`.
+//! * [`PayloadTakeExec`]: identities in, the same rows plus payload columns out.
+//! * [`PayloadJoinRule`]: a join with `payloads` on the identity becomes a
+//!   `PayloadTakeExec` over the other side.
+//! * [`YieldingJoins`]: joins that give the runtime back its threads.
+
+mod coop;
+mod join_rule;
+pub(crate) mod sample;
+pub(crate) mod scan;
+pub mod take;
+
+pub use coop::YieldingJoins;
+pub use join_rule::PayloadJoinRule;
+pub use sample::{draws_schema, SampleExec};
+pub use scan::PayloadScanExec;
+pub use take::{PayloadTakeExec, Unmatched};

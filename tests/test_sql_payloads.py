@@ -168,7 +168,7 @@ def test_pyarrow_and_duckdb_read_results_through_pycapsules(two_caches):
     pa = pytest.importorskip("pyarrow")
     duckdb = pytest.importorskip("duckdb")
     ds, _, _ = two_caches
-    table = pa.table(ds._native.metadata())
+    table = pa.table(ds._native.get_metadata())
     assert table.num_rows == 800 and table.column_names[:2] == ["cache_id", "sample_id"]
     counts = pa.table(ds._native.sql("SELECT label, count(*) AS n FROM metadata GROUP BY label"))
     assert sorted(counts.column("n").to_pylist()) == [80] * 10

@@ -53,10 +53,6 @@ NOT_WRAPPED: dict[tuple[str, str], str] = {
         "the wrapper keeps the snapshot_dir argument it was given (it pickles by recipe) "
         "and does not expose the resolved directory"
     ),
-    ("Loader", "snapshot"): (
-        "the wrapper Loader resolves the snapshot before creating the native loader and "
-        "sets its own .snapshot"
-    ),
     ("Loader", "__iter__"): "the wrapper calls next() on the native loader directly",
     ("TableProvider", "__datafusion_table_provider__"): (
         "called by the datafusion package on what Dataset.datafusion_table() returns"
@@ -64,6 +60,21 @@ NOT_WRAPPED: dict[tuple[str, str], str] = {
     ("", "PAYLOAD_COLUMNS"): (
         "the columns of the SQL table `payloads`, documented for users; no wrapper needs them"
     ),
+}
+
+
+#: Native classes handed to users as they are (``Loader.plan`` is a
+#: ``DrawPlan``): their members are the API, documented in the stub.
+EXPOSED = {"DrawPlan"}
+
+#: Native members the wrappers use to build something of another shape, so
+#: no wrapper offers them under their own name.
+INTERNAL: dict[tuple[str, str], str] = {
+    ("Dataset", "draw_plan"): (
+        "Loader, TorchDataset and the Ray source build their draws from it; users see "
+        "the plan as Loader.plan"
+    ),
+    ("Dataset", "pin"): "unpickling pins the snapshot the pickled Dataset had active",
 }
 
 
@@ -75,6 +86,8 @@ def native_members() -> set[tuple[str, str]]:
     """Every (class, member) and ("", module name) the wrapper layer should use."""
     members = set()
     for name, cls in native_classes().items():
+        if name in EXPOSED:
+            continue
         members |= {(name, m) for m in vars(cls) if not m.startswith("_") or m in PROTOCOL}
     members |= {
         ("", n)
@@ -310,3 +323,21 @@ def test_the_package_imports_have_no_cycle():
 
     for module in graph:
         visit(module, ())
+
+
+def test_every_wrapped_native_member_keeps_its_name():
+    """What a wrapper offers users under a native member's job has the
+    native member's name: ``get_item`` on both sides, ``version`` on both,
+    ``threads`` on both. Only members the wrappers use to build something of
+    another shape (``INTERNAL``) or do not use (``NOT_WRAPPED``) are exempt."""
+    classes = native_classes()
+    renamed = [
+        f"{wrapper.__name__}.{member}"
+        for wrapper in (datasetrt.Dataset, datasetrt.Loader)
+        for member in vars(classes[wrapper.__name__])
+        if not member.startswith("_")
+        and (wrapper.__name__, member) not in NOT_WRAPPED.keys() | INTERNAL.keys()
+        and not hasattr(wrapper, member)
+    ]
+    assert not renamed, f"the wrappers offer these under other names: {renamed}"
+    assert INTERNAL.keys() <= native_members(), "INTERNAL names what _native does not have"

@@ -1,10 +1,9 @@
-"""Argument checks and loader states: the rules the Python layer owns.
+"""Argument checks and distributed defaults: the rules the Python layer owns.
 
 Every integer argument is checked here before it reaches the native layer, so
 a bad value raises :class:`InvalidInputError` (never a ``TypeError`` or an
-``OverflowError`` from PyO3). A loader state is a plain, JSON-serialisable
-dict that :class:`~datasetrt.Loader` and the torch adapter write and check
-the same way.
+``OverflowError`` from PyO3). Loader states are written and checked by the
+engine (``DrawPlan.state_after``, ``Dataset.draw_plan(resume=...)``).
 
 >>> check_int(3, "count")
 3
@@ -18,20 +17,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any
 
-from .exceptions import DatasetRTError, InvalidInputError
-
-if TYPE_CHECKING:
-    from .dataset import Dataset
+from .exceptions import InvalidInputError
 
 U64 = 1 << 64
 
 #: The most draws :meth:`Dataset.draws` returns at once (4 bytes each: 8 GiB);
 #: read longer sequences in parts with ``start``, or through a loader.
 MAX_DRAWS = 1 << 31
-
-STATE_FORMAT = "datasetrt-loader-state"
 
 
 def check_int(value: object, name: str, low: int = 0, high: int = U64 - 1) -> int:
@@ -86,60 +79,3 @@ def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int,
     if not 0 <= rank < world_size:
         raise InvalidInputError(f"rank {rank} is not in 0..world_size ({world_size})")
     return rank, world_size
-
-
-def make_state(
-    dataset: Dataset,
-    *,
-    seed: int,
-    epoch: int,
-    sampling: str,
-    epoch_len: int,
-    batch_size: int,
-    snapshot: int,
-    position: int,
-) -> dict[str, Any]:
-    """A loader state: plain, JSON-serialisable data."""
-    return {
-        "format": STATE_FORMAT,
-        "version": 1,
-        "seed": seed,
-        "epoch": epoch,
-        "sampling": sampling,
-        "epoch_len": epoch_len,
-        "batch_size": batch_size,
-        "snapshot": snapshot,
-        "fingerprint": dataset._native.fingerprint_of(snapshot),
-        "position": position,
-    }
-
-
-def check_state(dataset: Dataset, state: Any, batch_size: int) -> dict[str, Any]:
-    """Validate a loader state against the dataset; returns it."""
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        raise InvalidInputError(f"resume takes a Loader.state_dict(), not {state!r}")
-    missing = {"seed", "epoch", "sampling", "epoch_len", "snapshot", "fingerprint", "position"}
-    missing -= set(state)
-    if missing:
-        raise InvalidInputError(f"the loader state lacks {sorted(missing)}")
-    check_version(state["snapshot"], "the state's snapshot")
-    check_int(state["position"], "the state's position")
-    check_int(state["epoch_len"], "the state's epoch_len", 1)
-    try:
-        fingerprint = dataset._native.fingerprint_of(state["snapshot"])
-    except DatasetRTError as exc:
-        raise InvalidInputError(
-            f"the state was saved at snapshot {state['snapshot']}, which this dataset does "
-            f"not have ({exc})"
-        ) from None
-    if fingerprint != state["fingerprint"]:
-        raise InvalidInputError(
-            f"the state was saved at snapshot {state['snapshot']} with fingerprint "
-            f"{state['fingerprint']}, but that snapshot now has fingerprint {fingerprint}"
-        )
-    if state["position"] % batch_size:
-        raise InvalidInputError(
-            f"position {state['position']} is not a multiple of batch_size {batch_size}; "
-            f"resume with batch_size={state['batch_size']}"
-        )
-    return state

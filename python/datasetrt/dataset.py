@@ -101,7 +101,7 @@ class Dataset:
     @property
     def version(self) -> int:
         """Number of the active metadata snapshot."""
-        return self._native.snapshot
+        return self._native.version
 
     @property
     def head(self) -> int:
@@ -162,7 +162,7 @@ class Dataset:
         """
         version = self.version
         if self._frame is None or self._frame[0] != version:
-            self._frame = (version, pl.DataFrame(self._native.metadata()))
+            self._frame = (version, pl.DataFrame(self._native.get_metadata()))
         return self._frame[1]
 
     def update_metadata(self, data: Any, *, base: int | None = None, force: bool = False) -> int:
@@ -185,7 +185,7 @@ class Dataset:
         if base is not None:
             base = check_version(base, "base")
         stream, nulls = arrow_stream(data, "update_metadata()")
-        return self._native.update(stream, base=base, force=bool(force), nulls=nulls)
+        return self._native.update_metadata(stream, base=base, force=bool(force), nulls=nulls)
 
     def register(self, name: str, data: Any) -> None:
         """Make ``data`` a SQL table called ``name`` (next to ``metadata`` and ``payloads``).
@@ -295,7 +295,7 @@ class Dataset:
         a, b = self._resolve(a, "a"), self._resolve(b, "b")
 
         def per_sample(version: int) -> pl.DataFrame:
-            frame = pl.DataFrame(self._native.metadata(version))
+            frame = pl.DataFrame(self._native.get_metadata(version))
             return frame.group_by("cache_id", "sample_id").agg(
                 pl.len().alias("rows"), pl.col("weight").sum().alias("weight")
             )
@@ -397,7 +397,7 @@ class Dataset:
         """Read one stored sample (checksum verified)."""
         cache_id = check_int(cache_id, "cache_id", -(1 << 63), (1 << 63) - 1)
         sample_id = check_int(sample_id, "sample_id", -(1 << 63), (1 << 63) - 1)
-        data, row = self._native.get(cache_id, sample_id)
+        data, row = self._native.get_item(cache_id, sample_id)
         return Sample(data, cache_id, sample_id, row, self.get_metadata())
 
     def loader(
@@ -500,8 +500,10 @@ class Dataset:
         if epoch_len is not None:
             epoch_len = check_int(epoch_len, "epoch_len", 1)
         if count is None:  # one epoch
-            count = self._native.draw_counts(None, sampling, epoch_len, 1, 1, False)[0]
-        table = self._native.draw_rows(
+            count = self._native.draw_plan(
+                0, 0, 1, sampling=sampling, epoch_len=epoch_len
+            ).epoch_len
+        table = self._native.draws(
             check_seed(seed),
             check_epoch(epoch),
             check_int(start, "start", 0, U64 - 1 - MAX_DRAWS),

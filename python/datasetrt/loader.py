@@ -14,7 +14,7 @@ import polars as pl
 
 from . import _html
 from ._html import HtmlRepr
-from ._state import MAX_DRAWS, check_epoch, check_int, check_seed, check_state, make_state
+from ._state import MAX_DRAWS, check_epoch, check_int, check_seed, check_version
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -129,7 +129,7 @@ class Loader(HtmlRepr):
         worker: int = 0,
         num_workers: int = 1,
         resume: dict[str, Any] | None = None,
-        snapshot: int | None = None,
+        version: int | None = None,
     ):
         check_int(batch_size, "batch_size", 1, MAX_DRAWS)
         check_int(prefetch_bytes, "prefetch_bytes", 1, (1 << 63) - 1)
@@ -138,48 +138,39 @@ class Loader(HtmlRepr):
             check_int(threads, "threads", 1, 1024)
         if epoch_len is not None:
             check_int(epoch_len, "epoch_len", 1)
-        start_block = 0
-        if resume is not None:
-            state = check_state(dataset, resume, batch_size)
-            seed, epoch, sampling = state["seed"], state["epoch"], state["sampling"]
-            epoch_len, snapshot = state["epoch_len"], state["snapshot"]
-            start_block = state["position"] // batch_size
-        if snapshot is None or snapshot == dataset.version:
-            self._frame = dataset.get_metadata()
-            snapshot = dataset.version
-        else:
-            self._frame = pl.DataFrame(dataset._native.metadata(snapshot))
-        self.snapshot = snapshot
-        self._native = dataset._native.loader(
-            check_seed(seed),
-            check_epoch(epoch),
+        if resume is None:
+            seed, epoch = check_seed(seed), check_epoch(epoch)
+            if version is not None:
+                check_version(version)
+        else:  # the sequence and snapshot come from the state
+            seed, epoch, version = 0, 0, None
+        # the engine owns the draw arithmetic and checks a resume state
+        plan = dataset._native.draw_plan(
+            seed,
+            epoch,
             batch_size,
-            start_block=start_block,
+            sampling=sampling,
+            epoch_len=epoch_len,
+            version=version,
             drop_last=drop_last,
             rank=rank,
             world_size=world_size,
             worker=worker,
             num_workers=num_workers,
+            resume=resume,
+        )
+        self.version = plan.version
+        if self.version == dataset.version:
+            self._frame = dataset.get_metadata()
+        else:
+            self._frame = pl.DataFrame(dataset._native.get_metadata(self.version))
+        self._native = dataset._native.loader(
+            plan,
             prefetch_bytes=prefetch_bytes,
             prefetch_batches=prefetch_batches,
-            concurrency=threads,
-            snapshot=snapshot,
-            sampling=sampling,
-            epoch_len=epoch_len,
+            threads=threads,
         )
-        self._state = make_state(
-            dataset,
-            seed=seed,
-            epoch=epoch,
-            sampling=sampling,
-            epoch_len=self._native.epoch_len,
-            batch_size=batch_size,
-            snapshot=snapshot,
-            position=0,
-        )
-        self._start_block = start_block
-        self._stride = world_size * num_workers
-        self._delivered = 0
+        self.plan = plan
 
     def state_dict(self) -> dict[str, Any]:
         """A small JSON-serialisable state: resume with ``Dataset.loader(resume=state)``.
@@ -188,23 +179,20 @@ class Loader(HtmlRepr):
         this loader's batches times the readers running side by side (ranks in
         lockstep, as distributed training runs them).
         """
-        blocks = self._start_block + self._delivered * self._stride
-        position = min(blocks * self._state["batch_size"], self._native.total_draws)
-        return {**self._state, "position": position}
+        return self._native.state_dict()
 
     def __iter__(self) -> Loader:
         return self
 
     def __next__(self) -> Batch:
         rows, cache_id, sample_id, data = next(self._native)
-        self._delivered += 1
         return Batch(rows, cache_id, sample_id, data, self._frame)
 
     def __repr__(self) -> str:
-        s = self._state
+        p = self.plan
         return (
-            f"<datasetrt.Loader snapshot {s['snapshot']}, {s['sampling']}, seed {s['seed']}, "
-            f"epoch {s['epoch']}, batch_size {s['batch_size']}>"
+            f"<datasetrt.Loader snapshot {p.version}, {p.sampling}, seed {p.seed}, "
+            f"epoch {p.epoch}, batch_size {p.batch_size}>"
         )
 
     def to_html(self) -> str:

@@ -41,7 +41,7 @@ def metadata(dataset: Dataset, version: int | str | None) -> tuple[int, pl.DataF
     number = dataset._resolve(version)
     if number == dataset.version:
         return number, dataset.get_metadata()
-    return number, pl.DataFrame(dataset._native.metadata(number))
+    return number, pl.DataFrame(dataset._native.get_metadata(number))
 
 
 def _by(frame: pl.DataFrame, by: str | list[str] | None) -> list[str]:
@@ -103,7 +103,9 @@ def population(
             "population(): the expected draws of part of a weighted-without-replacement "
             "epoch have no closed form; leave epoch_len out, or count ds.draws(...)"
         )
-    draws = dataset._native.draw_counts(number, sampling, epoch_len, 1, 1, False)[0]
+    draws = dataset._native.draw_plan(
+        0, 0, 1, sampling=sampling, epoch_len=epoch_len, version=number
+    ).epoch_len
     return report(frame, by, draws, sampling)
 
 

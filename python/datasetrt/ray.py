@@ -65,7 +65,7 @@ class DrawsDatasource(Datasource):
     ):
         super().__init__()
         self.dataset = dataset
-        self.snapshot = dataset.version
+        self.version = dataset.version
         self.batch_size = check_int(batch_size, "batch_size", 1, MAX_DRAWS)
         self.seed = check_seed(seed)
         self.epoch = check_epoch(epoch)
@@ -76,14 +76,19 @@ class DrawsDatasource(Datasource):
         self.prefetch_bytes = check_int(prefetch_bytes, "prefetch_bytes", 1, (1 << 63) - 1)
         if epoch_len is not None:
             check_int(epoch_len, "epoch_len", 1)
-        # (epoch_len, draws) for one reader: checks sampling and epoch_len now, not in a task
-        self.epoch_len, self.total = dataset._native.draw_counts(
-            self.snapshot, sampling, epoch_len, self.batch_size, 1, False
+        # one reader's plan: checks sampling and epoch_len now, not in a task
+        self.plan = dataset._native.draw_plan(
+            self.seed,
+            self.epoch,
+            self.batch_size,
+            sampling=sampling,
+            epoch_len=epoch_len,
+            version=self.version,
         )
-        self.blocks = -(-self.total // self.batch_size)
-        frame = dataset.get_metadata() if self.snapshot == dataset.version else None
+        self.epoch_len, self.blocks = self.plan.epoch_len, self.plan.blocks
+        frame = dataset.get_metadata() if self.version == dataset.version else None
         if frame is None:
-            frame = pl.DataFrame(dataset._native.metadata(self.snapshot))
+            frame = pl.DataFrame(dataset._native.get_metadata(self.version))
         self.schema = _arrow(frame.head(0), []).schema
 
     def get_name(self) -> str:
@@ -104,7 +109,7 @@ class DrawsDatasource(Datasource):
         for first, end in itertools.pairwise(bounds):
             if first == end:
                 continue
-            rows = min(end * self.batch_size, self.total) - first * self.batch_size
+            rows = self.plan.block_range(end - 1)[1] - self.plan.block_range(first)[0]
             meta = BlockMetadata(num_rows=rows, size_bytes=None, input_files=None, exec_stats=None)
             out.append(
                 ReadTask(
@@ -131,23 +136,24 @@ class _ReadRange:
         dataset = src.dataset
         frame = (
             dataset.get_metadata()
-            if dataset.version == src.snapshot
-            else pl.DataFrame(dataset._native.metadata(src.snapshot))
+            if dataset.version == src.version
+            else pl.DataFrame(dataset._native.get_metadata(src.version))
         )
         count = self.end - self.first
-        loader = dataset._native.loader(
+        plan = dataset._native.draw_plan(
             src.seed,
             src.epoch,
             src.batch_size,
-            start_block=self.first,
-            rank=0,
-            world_size=1,
-            prefetch_bytes=src.prefetch_bytes,
-            prefetch_batches=max(1, min(4, count)),
-            concurrency=src.threads,
-            snapshot=src.snapshot,
             sampling=src.sampling,
             epoch_len=src.epoch_len,
+            version=src.version,
+            start_block=self.first,
+        )
+        loader = dataset._native.loader(
+            plan,
+            prefetch_bytes=src.prefetch_bytes,
+            prefetch_batches=max(1, min(4, count)),
+            threads=src.threads,
         )
         rows: list[int] = []
         datas: list[bytes] = []

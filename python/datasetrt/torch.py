@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._state import check_state, distributed_defaults, make_state
+from ._state import MAX_DRAWS, check_epoch, check_int, check_seed, distributed_defaults
 from .loader import Batch, Loader
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class TorchDataset(IterableDataset):
         transform: Callable[[Batch], Any] = default_output,
     ):
         self.dataset = dataset
-        self.snapshot = dataset.version
+        self.version = dataset.version
         self.batch_size = batch_size
         self.seed = seed
         self.epoch = epoch
@@ -107,58 +107,47 @@ class TorchDataset(IterableDataset):
             worker=worker,
             num_workers=workers,
             resume=self._resume,
-            snapshot=self.snapshot,
+            version=self.version,
         )
 
-    def _counts(self, world_size: int | None = None) -> tuple[int, int]:
-        return self.dataset._native.draw_counts(
-            self.snapshot,
-            self.sampling,
-            self.epoch_len,
-            self.batch_size,
-            self.world_size if world_size is None else world_size,
-            self.drop_last,
+    def _plan(self) -> Any:
+        """This rank's draws (over all of its workers) in the next iteration:
+        the engine's plan, which owns the arithmetic of blocks, padding and
+        resume positions."""
+        return self.dataset._native.draw_plan(
+            check_seed(self.seed),
+            check_epoch(self.epoch),
+            check_int(self.batch_size, "batch_size", 1, MAX_DRAWS),
+            sampling=self.sampling,
+            epoch_len=self.epoch_len,
+            version=self.version,
+            drop_last=self.drop_last,
+            rank=self.rank,
+            world_size=self.world_size,
+            resume=self._resume,
         )
 
     def __len__(self) -> int:
         """Batches this rank delivers in the next iteration (over all of its
         workers): the whole epoch, or what is left of it after
         :meth:`load_state_dict`."""
-        # The epoch's blocks for one reader; with several ranks, the blocks
-        # from the resume point on are padded (or cut) to a multiple of
-        # world_size, as DrawPlan::blocks does in the engine.
-        epoch_blocks = -(-self._counts(world_size=1)[1] // self.batch_size)
-        start = self._resume["position"] // self.batch_size if self._resume else 0
-        remaining = max(epoch_blocks - start, 0)
-        if self.world_size == 1:
-            return remaining
-        if self.drop_last:
-            return remaining // self.world_size
-        return -(-remaining // self.world_size)
+        return self._plan().batches
 
     def state_dict(self, batches_seen: int) -> dict[str, Any]:
         """The state after this rank consumed ``batches_seen`` batches of the epoch
         (counted from the start of the epoch, or from the state last loaded)."""
-        epoch_len, total = self._counts()
-        start = self._resume["position"] // self.batch_size if self._resume else 0
-        blocks = start + batches_seen * self.world_size
-        return make_state(
-            self.dataset,
-            seed=self.seed,
-            epoch=self.epoch,
-            sampling=self.sampling,
-            epoch_len=epoch_len,
-            batch_size=self.batch_size,
-            snapshot=self.snapshot,
-            position=min(blocks * self.batch_size, total),
-        )
+        return self._plan().state_after(check_int(batches_seen, "batches_seen"))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` on the next iteration."""
-        self.seed, self.epoch = state["seed"], state["epoch"]
-        self.sampling, self.epoch_len = state["sampling"], state["epoch_len"]
-        self.snapshot = state["snapshot"]
-        self._resume = check_state(self.dataset, state, self.batch_size)
+        """Continue from ``state`` on the next iteration (checked now)."""
+        before, self._resume = self._resume, state
+        try:
+            plan = self._plan()
+        except BaseException:
+            self._resume = before
+            raise
+        self.seed, self.epoch, self.sampling = plan.seed, plan.epoch, plan.sampling
+        self.epoch_len, self.version = plan.epoch_len, plan.version
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()

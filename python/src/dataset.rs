@@ -1,6 +1,7 @@
 //! `Dataset`: the native side of `datasetrt.Dataset`.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use std::time::Duration;
@@ -19,6 +20,7 @@ use pyo3_arrow::input::AnyRecordBatch;
 use pyo3_arrow::PyTable;
 
 use crate::arrow_in::collect;
+use crate::draws::{state_from_py, PyDrawPlan};
 use crate::error::{invalid, IntoPyResult};
 use crate::runtime::{detach, runtime, wait};
 
@@ -171,7 +173,7 @@ impl PyDataset {
     }
 
     #[getter]
-    fn snapshot(&self) -> u64 {
+    fn version(&self) -> u64 {
         self.inner.snapshot().number()
     }
 
@@ -196,9 +198,9 @@ impl PyDataset {
 
     /// Rows of draws `start..start + count` of `epoch` as an Arrow table with
     /// one UInt32 column `row` (no payload is read).
-    #[pyo3(signature = (seed, epoch, start, count, sampling="replacement", epoch_len=None, snapshot=None))]
+    #[pyo3(signature = (seed, epoch, start, count, sampling="replacement", epoch_len=None, version=None))]
     #[allow(clippy::too_many_arguments)]
-    fn draw_rows(
+    fn draws(
         &self,
         py: Python<'_>,
         seed: u64,
@@ -207,9 +209,9 @@ impl PyDataset {
         count: usize,
         sampling: &str,
         epoch_len: Option<u64>,
-        snapshot: Option<u64>,
+        version: Option<u64>,
     ) -> PyResult<PyTable> {
-        let snapshot = self.pinned(snapshot)?;
+        let snapshot = self.pinned(version)?;
         let sampling = Sampling::parse(sampling).py()?;
         let rows = detach(py, move || -> datasetrt::Result<Vec<u32>> {
             let len = snapshot.epoch_len(sampling, epoch_len);
@@ -229,40 +231,59 @@ impl PyDataset {
         PyTable::try_new(vec![batch], schema)
     }
 
-    /// `(epoch_len, total_draws)` of an epoch plan, without starting a loader.
-    #[pyo3(signature = (snapshot, sampling, epoch_len, batch_size, world_size, drop_last))]
-    fn draw_counts(
+    /// One reader's draws of one epoch: the sequence (seed, epoch,
+    /// sampling, epoch_len) over snapshot `version` (default: the active
+    /// one), cut into blocks of `batch_size` for rank `rank` of `world_size`
+    /// and worker `worker` of `num_workers`. With `resume` (a loader state)
+    /// the sequence, snapshot and start come from the state, once it is
+    /// checked against this dataset.
+    #[pyo3(signature = (seed, epoch, batch_size, sampling="replacement", epoch_len=None,
+                        version=None, drop_last=false, rank=0, world_size=1, worker=0,
+                        num_workers=1, start_block=0, resume=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn draw_plan(
         &self,
-        snapshot: Option<u64>,
+        seed: u64,
+        epoch: u64,
+        batch_size: usize,
         sampling: &str,
         epoch_len: Option<u64>,
-        batch_size: usize,
-        world_size: u32,
+        version: Option<u64>,
         drop_last: bool,
-    ) -> PyResult<(u64, u64)> {
-        let snapshot = self.pinned(snapshot)?;
+        rank: u32,
+        world_size: u32,
+        worker: u32,
+        num_workers: u32,
+        start_block: u64,
+        resume: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyDrawPlan> {
         let sampling = Sampling::parse(sampling).py()?;
-        let epoch_len = snapshot.epoch_len(sampling, epoch_len);
-        let plan = DrawPlan {
+        let pinned = match resume {
+            Some(_) => None,
+            None => Some(self.pinned(version)?),
+        };
+        let reader = DrawPlan {
             sampling,
-            seed: 0,
-            epoch: 0,
-            epoch_len,
+            seed,
+            epoch,
+            epoch_len: pinned
+                .as_ref()
+                .map_or(1, |s| s.epoch_len(sampling, epoch_len)),
             batch_size,
-            start_block: 0,
+            start_block,
             drop_last,
-            rank: 0,
+            rank,
             world_size,
-            worker: 0,
-            num_workers: 1,
+            worker,
+            num_workers,
+        };
+        let (snapshot, plan) = match (pinned, resume) {
+            (Some(snapshot), _) => (snapshot, reader),
+            (None, Some(state)) => state_from_py(state)?.resume(&self.inner, &reader).py()?,
+            (None, None) => unreachable!("pinned unless resuming"),
         };
         plan.validate().py()?;
-        Ok((epoch_len, plan.total_draws()))
-    }
-
-    /// Fingerprint of snapshot `number`.
-    fn fingerprint_of(&self, number: u64) -> PyResult<String> {
-        Ok(self.pinned(Some(number))?.fingerprint().to_string())
+        Ok(PyDrawPlan { plan, snapshot })
     }
 
     /// One dict per snapshot on disk, oldest first: version, created_unix_ms,
@@ -297,15 +318,15 @@ impl PyDataset {
 
     /// A snapshot (default: the active one) as an Arrow table over the mapped
     /// file (no copy).
-    #[pyo3(signature = (snapshot=None))]
-    fn metadata(&self, snapshot: Option<u64>) -> PyResult<PyTable> {
-        table(&*self.pinned(snapshot)?)
+    #[pyo3(signature = (version=None))]
+    fn get_metadata(&self, version: Option<u64>) -> PyResult<PyTable> {
+        table(&*self.pinned(version)?)
     }
 
     /// Replace the population; returns the new snapshot number. `base` is
     /// the snapshot the data was derived from (default: the active one).
     #[pyo3(signature = (data, note="update_metadata".to_string(), base=None, force=false, nulls=vec![]))]
-    fn update(
+    fn update_metadata(
         &self,
         py: Python<'_>,
         data: AnyRecordBatch,
@@ -487,7 +508,7 @@ impl PyDataset {
 
     /// Payload of one stored sample and its row in the active population
     /// (`None` when the sample is stored but not in the population).
-    fn get<'py>(
+    fn get_item<'py>(
         &self,
         py: Python<'py>,
         cache_id: i64,
@@ -506,63 +527,39 @@ impl PyDataset {
         Ok((PyBytes::new(py, &bytes), row))
     }
 
-    /// Start a loader over this reader's share of one epoch of draws,
-    /// pinned to the active snapshot.
-    #[pyo3(signature = (seed, epoch, batch_size, start_block=0, drop_last=false, rank=0, world_size=1,
-                        worker=0, num_workers=1, prefetch_bytes=64 << 20, prefetch_batches=4,
-                        concurrency=None, snapshot=None, sampling="replacement", epoch_len=None))]
-    #[allow(clippy::too_many_arguments)]
+    /// Start a loader over `plan`'s draws.
+    #[pyo3(signature = (plan, prefetch_bytes=64 << 20, prefetch_batches=4, threads=None))]
     fn loader(
         &self,
-        seed: u64,
-        epoch: u64,
-        batch_size: usize,
-        start_block: u64,
-        drop_last: bool,
-        rank: u32,
-        world_size: u32,
-        worker: u32,
-        num_workers: u32,
+        plan: &PyDrawPlan,
         prefetch_bytes: usize,
         prefetch_batches: usize,
-        concurrency: Option<usize>,
-        snapshot: Option<u64>,
-        sampling: &str,
-        epoch_len: Option<u64>,
+        threads: Option<usize>,
     ) -> PyResult<PyLoader> {
-        let snapshot = self.pinned(snapshot)?;
-        let sampling = Sampling::parse(sampling).py()?;
-        let epoch_len = snapshot.epoch_len(sampling, epoch_len);
-        let draws = DrawPlan {
-            sampling,
-            seed,
-            epoch,
-            epoch_len,
-            batch_size,
-            start_block,
-            drop_last,
-            rank,
-            world_size,
-            worker,
-            num_workers,
-        };
         let mut prefetch = Prefetch {
             bytes: prefetch_bytes,
             batches: prefetch_batches,
             ..Prefetch::default()
         };
-        if let Some(c) = concurrency {
+        if let Some(c) = threads {
             prefetch.concurrency = c;
         }
-        let number = snapshot.number();
-        let (epoch_len, total_draws) = (draws.epoch_len, draws.total_draws());
         let rt = runtime()?;
-        let loader = Loader::start(rt.handle(), &self.inner, snapshot, draws, prefetch).py()?;
+        let loader = Loader::start(
+            rt.handle(),
+            &self.inner,
+            plan.snapshot.clone(),
+            plan.plan.clone(),
+            prefetch,
+        )
+        .py()?;
         Ok(PyLoader {
             inner: Mutex::new(loader),
-            snapshot: number,
-            epoch_len,
-            total_draws,
+            plan: PyDrawPlan {
+                plan: plan.plan.clone(),
+                snapshot: plan.snapshot.clone(),
+            },
+            delivered: AtomicU64::new(0),
         })
     }
 }
@@ -571,30 +568,19 @@ impl PyDataset {
 #[pyclass(frozen, module = "datasetrt._native", name = "Loader")]
 pub struct PyLoader {
     inner: Mutex<Loader>,
-    snapshot: u64,
-    epoch_len: u64,
-    total_draws: u64,
+    plan: PyDrawPlan,
+    /// Batches handed to Python so far.
+    delivered: AtomicU64,
 }
 
 type NativeBatch<'py> = (Vec<u32>, Vec<i64>, Vec<i64>, Bound<'py, PyList>);
 
 #[pymethods]
 impl PyLoader {
-    #[getter]
-    fn snapshot(&self) -> u64 {
-        self.snapshot
-    }
-
-    /// Draws per epoch (before padding or dropping for ranks).
-    #[getter]
-    fn epoch_len(&self) -> u64 {
-        self.epoch_len
-    }
-
-    /// Draws all readers deliver together this epoch (after padding or dropping).
-    #[getter]
-    fn total_draws(&self) -> u64 {
-        self.total_draws
+    /// The state after the batches delivered so far; resume with it.
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.plan
+            .state_after(py, self.delivered.load(Ordering::Relaxed))
     }
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -621,6 +607,7 @@ impl PyLoader {
         };
         let Some(next) = next else { return Ok(None) };
         let loaded = next.py()?;
+        self.delivered.fetch_add(1, Ordering::Relaxed);
         let b = &loaded.batch;
         let rows = b.column(1).as_primitive::<UInt32Type>().values().to_vec();
         let cache_ids = b.column(2).as_primitive::<Int64Type>().values().to_vec();

@@ -3,6 +3,7 @@
 
 mod arrow_in;
 mod dataset;
+mod draws;
 mod error;
 mod ffi;
 mod runtime;
@@ -29,6 +30,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<dataset::PyDataset>()?;
     m.add_class::<dataset::PyLoader>()?;
+    m.add_class::<draws::PyDrawPlan>()?;
     m.add_class::<writer::PyCacheWriter>()?;
     m.add_class::<ffi::PyTableProvider>()?;
     m.add("RESERVED_COLUMNS", datasetrt::store::RESERVED_COLUMNS)?;

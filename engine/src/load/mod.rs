@@ -3,5 +3,7 @@
 
 mod loader;
 pub mod prefetch;
+mod state;
 
 pub use loader::{LoadedBatch, Loader, Prefetch};
+pub use state::LoaderState;

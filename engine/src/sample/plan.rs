@@ -93,6 +93,40 @@ impl DrawPlan {
         (self.start_block + mine..self.blocks()).step_by(stride as usize)
     }
 
+    /// Batches this reader delivers: the length of [`DrawPlan::my_blocks`].
+    pub fn batches(&self) -> u64 {
+        let stride = self.world_size as u64 * self.num_workers as u64;
+        let first =
+            self.start_block + self.rank as u64 + self.world_size as u64 * self.worker as u64;
+        self.blocks().saturating_sub(first).div_ceil(stride)
+    }
+
+    /// The global draw position once this reader has delivered `batches`
+    /// batches and every other reader kept pace (ranks in lockstep, a
+    /// DataLoader's workers in turn): where an epoch resumed from here starts.
+    pub fn position_after(&self, batches: u64) -> u64 {
+        let stride = self.world_size as u64 * self.num_workers as u64;
+        let blocks = self
+            .start_block
+            .saturating_add(batches.saturating_mul(stride));
+        blocks
+            .saturating_mul(self.batch_size as u64)
+            .min(self.total_draws())
+    }
+
+    /// The first block of an epoch resumed at draw `position`, which must lie
+    /// on a block boundary of this plan's `batch_size`.
+    pub fn resume_block(&self, position: u64) -> Result<u64> {
+        let bs = self.batch_size as u64;
+        if !position.is_multiple_of(bs) {
+            return Err(Error::invalid(format!(
+                "position {position} is not a multiple of batch_size {bs}; resume with the \
+                 batch_size the state was saved with"
+            )));
+        }
+        Ok(position / bs)
+    }
+
     /// Draw positions `start..end` of block `b`.
     pub fn block_range(&self, b: u64) -> (u64, u64) {
         let bs = self.batch_size as u64;
@@ -170,6 +204,34 @@ mod tests {
         assert_eq!(p.my_blocks().collect::<Vec<_>>(), vec![8]);
         p.start_block = 12;
         assert_eq!(p.my_blocks().count(), 0);
+    }
+
+    #[test]
+    fn batches_and_resume_positions_follow_the_blocks() {
+        for (world, workers) in [(1, 1), (1, 3), (2, 1), (2, 3), (4, 2)] {
+            for start in [0u64, 3, 5, 11, 20] {
+                for r in 0..world {
+                    for w in 0..workers {
+                        let mut p = plan(world, workers, r, w);
+                        p.start_block = start;
+                        assert_eq!(p.batches(), p.my_blocks().count() as u64);
+                        // after n batches of every reader the next block of this one is due
+                        for (n, b) in p.my_blocks().enumerate() {
+                            let at = p.position_after(n as u64);
+                            assert!(at <= p.block_range(b).0, "{at} {b}");
+                            assert_eq!(
+                                p.resume_block(at).unwrap()
+                                    + p.rank as u64
+                                    + p.world_size as u64 * p.worker as u64,
+                                b
+                            );
+                        }
+                        assert_eq!(p.position_after(p.batches() + 1), p.total_draws());
+                    }
+                }
+            }
+        }
+        assert!(plan(1, 1, 0, 0).resume_block(15).is_err());
     }
 
     #[test]

@@ -2,5 +2,6 @@ mod catalog;
 mod fuzz;
 mod layers;
 mod query;
+mod rules;
 mod store;
 mod take;

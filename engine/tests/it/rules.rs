@@ -10,13 +10,22 @@
 use std::path::Path;
 use std::sync::{Arc, Once};
 
-use arrow::array::{AsArray, Float64Array, Int64Array, RecordBatch};
+use arrow::array::{Array, AsArray, Float64Array, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::{JoinType, NullEquality};
+use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::MemTable;
-use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::{SessionStateBuilder, TaskContext};
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::coop::CooperativeExec;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datasetrt::query::payloads::{PayloadJoinRule, PayloadsTable};
+use datasetrt::query::payloads::{PayloadJoinRule, PayloadScanExec, PayloadsTable};
+use datasetrt::query::take::PayloadColumn;
 use datasetrt::query::{metadata_table, QuerySession, BATCH_SIZE};
 use datasetrt::store::{CacheWriter, Codec, WriterOptions};
 use datasetrt::{Dataset, OpenOptions};
@@ -365,6 +374,115 @@ CoalescePartitionsExec: fetch=3
     .await;
     let (_, batches) = f.session.sql(query).await.unwrap();
     assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 3);
+}
+
+// ---- the rule applied to hand-built plans ----------------------------------
+
+/// `SELECT * FROM t JOIN payloads USING (cache_id, sample_id)` as the
+/// `HashJoinExec` DataFusion plans for it, over a cache of 30 records: `t`
+/// names each of them and one sample past the end. `wrap` goes around the
+/// payload scan.
+fn hand_built_join(
+    wrap: impl Fn(Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan>,
+) -> (tempfile::TempDir, Arc<dyn ExecutionPlan>) {
+    let dir = tempfile::tempdir().unwrap();
+    write_cache(dir.path(), "alpha", 30, WriterOptions::default());
+    let ds = Dataset::open(&[dir.path().to_path_buf()], OpenOptions::default()).unwrap();
+    let id = ds.caches()[0].id();
+    let records = ds.caches()[0].records() as i64;
+    let mut rows: Vec<(Option<i64>, Option<i64>, f64)> = (0..records)
+        .map(|s| (Some(id), Some(s), s as f64))
+        .collect();
+    rows.push((Some(id), Some(records), -1.0));
+    let (schema, batch) = losses(&rows);
+    let left = MemorySourceConfig::try_new_exec(&[vec![batch]], schema, None).unwrap();
+    let columns = vec![
+        PayloadColumn::CacheId,
+        PayloadColumn::SampleId,
+        PayloadColumn::Data,
+    ];
+    let scan = Arc::new(PayloadScanExec::new(ds.cache_set(), columns, None, 2));
+    let key = |name: &str, i: usize| Arc::new(Column::new(name, i)) as _;
+    let on = vec![
+        (key("cache_id", 0), key("cache_id", 0)),
+        (key("sample_id", 1), key("sample_id", 1)),
+    ];
+    let join = HashJoinExec::try_new(
+        left,
+        wrap(scan),
+        on,
+        None,
+        &JoinType::Inner,
+        None,
+        PartitionMode::CollectLeft,
+        NullEquality::NullEqualsNothing,
+        false,
+    )
+    .unwrap();
+    (dir, Arc::new(join))
+}
+
+fn plan_text(plan: &Arc<dyn ExecutionPlan>) -> String {
+    displayable(plan.as_ref()).indent(true).to_string()
+}
+
+#[tokio::test]
+#[ignore = "bug: PayloadJoinRule drops HashJoinExec's fetch (latent while the rule never fires with one partition)"]
+async fn the_rule_keeps_the_limit_a_join_carries() {
+    let (_dir, join) = hand_built_join(|scan| scan);
+    // LimitPushdown gives a join a fetch; with one partition nothing above
+    // it limits again (`CoalescePartitionsExec: fetch` does with several)
+    let join = join.with_fetch(Some(3)).expect("a hash join takes a fetch");
+    let ctx = Arc::new(TaskContext::default());
+    let plain = collect(join.clone(), ctx.clone()).await.unwrap();
+    assert_eq!(plain.iter().map(|b| b.num_rows()).sum::<usize>(), 3);
+    let rewritten = PayloadJoinRule
+        .optimize(join, &ConfigOptions::default())
+        .unwrap();
+    let text = plan_text(&rewritten);
+    assert!(text.contains("PayloadTakeExec"), "{text}");
+    let rows: usize = collect(rewritten, ctx)
+        .await
+        .unwrap()
+        .iter()
+        .map(|b| b.num_rows())
+        .sum();
+    assert_eq!(rows, 3, "the LIMIT was lost:\n{text}");
+}
+
+#[tokio::test]
+#[ignore = "bug: payload_scan() does not look through CooperativeExec"]
+async fn the_rule_sees_a_payload_scan_under_a_cooperative_wrapper() {
+    // EnsureCooperative wraps every leaf that is not under a repartition:
+    // with one partition (DATASETRT_THREADS=1, a one-core container) that
+    // is the payload scan of every join
+    let (_dir, join) = hand_built_join(|scan| Arc::new(CooperativeExec::new(scan)));
+    let rewritten = PayloadJoinRule
+        .optimize(join, &ConfigOptions::default())
+        .unwrap();
+    let text = plan_text(&rewritten);
+    assert!(
+        text.contains("PayloadTakeExec") && !text.contains("PayloadScanExec"),
+        "every payload is read to join 31 rows:\n{text}"
+    );
+}
+
+#[tokio::test]
+#[ignore = "bug: with one partition every payload join scans every payload (CooperativeExec hides the scan)"]
+async fn with_one_partition_a_payload_join_is_still_a_take() {
+    let dir = tempfile::tempdir().unwrap();
+    write_cache(dir.path(), "alpha", 30, WriterOptions::default());
+    let ds = Dataset::open(&[dir.path().to_path_buf()], OpenOptions::default()).unwrap();
+    // QuerySession's configuration at DATASETRT_THREADS=1
+    let ctx = context(&ds, &ds.snapshot(), 1, true);
+    let query = "EXPLAIN SELECT m.sample_id, p.data FROM metadata m \
+                 JOIN payloads p USING (cache_id, sample_id) WHERE m.label = 1";
+    let batches = ctx.sql(query).await.unwrap().collect().await.unwrap();
+    let text = rows(&batches).join("\n");
+    assert!(
+        text.contains("PayloadTakeExec") && !text.contains("PayloadScanExec"),
+        "{text}"
+    );
 }
 
 // ---- differential: the rule on vs off ---------------------------------------

@@ -1,6 +1,8 @@
 mod catalog;
 mod fuzz;
 mod layers;
+mod props;
 mod query;
+mod rules;
 mod store;
 mod take;

@@ -9,9 +9,8 @@ use arrow::datatypes::{DataType, Field, Int64Type, Schema, UInt32Type, UInt64Typ
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::collect;
-use datasetrt::load::draws::{DrawPlan, SampleExec};
-use datasetrt::query::take::{take_payloads, PayloadColumn, PayloadTakeExec, Unmatched};
-use datasetrt::sample::{EpochSampler, Sampling};
+use datasetrt::query::exec::{PayloadColumn, PayloadTakeExec, SampleExec, Unmatched};
+use datasetrt::sample::{DrawPlan, EpochSampler, Sampling};
 use datasetrt::store::codec::MIN_COMPRESS_LEN;
 use datasetrt::store::{CacheWriter, Codec, WriterOptions};
 use datasetrt::{Dataset, OpenOptions};
@@ -481,14 +480,14 @@ proptest! {
     ) {
         let w = write(&specs);
         let ids = identities(&w, &picks);
-        // take_payloads is the loader's read: rows name stored samples (a
+        // CacheSet::take is the loader's read: rows name stored samples (a
         // null has no place in its input); one that does not is an error
         let named: Vec<&Identity> =
             ids.iter().filter(|(c, s, _)| c.is_some() && s.is_some()).collect();
         let take = |ids: &[&Identity]| {
             let cache_ids: Vec<i64> = ids.iter().map(|i| i.0.unwrap()).collect();
             let sample_ids: Vec<i64> = ids.iter().map(|i| i.1.unwrap()).collect();
-            take_payloads(w.ds.caches(), &cache_ids, &sample_ids, concurrency)
+            w.ds.caches().take(&cache_ids, &sample_ids, concurrency)
         };
         let got = take(&named);
         if named.iter().any(|i| i.2.is_none()) {

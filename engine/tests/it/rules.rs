@@ -24,8 +24,8 @@ use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datasetrt::query::payloads::{PayloadJoinRule, PayloadScanExec, PayloadsTable};
-use datasetrt::query::take::PayloadColumn;
+use datasetrt::query::exec::{PayloadColumn, PayloadJoinRule, PayloadScanExec};
+use datasetrt::query::payloads::PayloadsTable;
 use datasetrt::query::{metadata_table, QuerySession, BATCH_SIZE};
 use datasetrt::store::{CacheWriter, Codec, WriterOptions};
 use datasetrt::{Dataset, OpenOptions};
@@ -365,10 +365,11 @@ async fn a_limit_over_a_payload_join_still_limits_the_rows() {
         query,
         "
 CoalescePartitionsExec: fetch=3
-  ProjectionExec: expr=[sample_id@1 as sample_id, data@4 as data]
-    PayloadTakeExec: caches=2, columns=[cache_id, sample_id, data], unmatched=Drop, concurrency=2, verify_checksums=true
-      CoalescePartitionsExec
-        DataSourceExec: partitions=2, partition_sizes=[1, 1]
+  LocalLimitExec: fetch=3
+    ProjectionExec: expr=[sample_id@1 as sample_id, data@4 as data]
+      PayloadTakeExec: caches=2, columns=[cache_id, sample_id, data], unmatched=Drop, concurrency=2, verify_checksums=true
+        CoalescePartitionsExec
+          DataSourceExec: partitions=2, partition_sizes=[1, 1]
 ",
     )
     .await;
@@ -427,7 +428,6 @@ fn plan_text(plan: &Arc<dyn ExecutionPlan>) -> String {
 }
 
 #[tokio::test]
-#[ignore = "bug: PayloadJoinRule drops HashJoinExec's fetch (latent while the rule never fires with one partition)"]
 async fn the_rule_keeps_the_limit_a_join_carries() {
     let (_dir, join) = hand_built_join(|scan| scan);
     // LimitPushdown gives a join a fetch; with one partition nothing above
@@ -451,7 +451,6 @@ async fn the_rule_keeps_the_limit_a_join_carries() {
 }
 
 #[tokio::test]
-#[ignore = "bug: payload_scan() does not look through CooperativeExec"]
 async fn the_rule_sees_a_payload_scan_under_a_cooperative_wrapper() {
     // EnsureCooperative wraps every leaf that is not under a repartition:
     // with one partition (DATASETRT_THREADS=1, a one-core container) that
@@ -468,7 +467,6 @@ async fn the_rule_sees_a_payload_scan_under_a_cooperative_wrapper() {
 }
 
 #[tokio::test]
-#[ignore = "bug: with one partition every payload join scans every payload (CooperativeExec hides the scan)"]
 async fn with_one_partition_a_payload_join_is_still_a_take() {
     let dir = tempfile::tempdir().unwrap();
     write_cache(dir.path(), "alpha", 30, WriterOptions::default());

@@ -17,4 +17,4 @@ pub use coop::YieldingJoins;
 pub use join_rule::PayloadJoinRule;
 pub use sample::{draws_schema, SampleExec};
 pub use scan::PayloadScanExec;
-pub use take::{PayloadTakeExec, Unmatched};
+pub use take::{PayloadColumn, PayloadTakeExec, Unmatched};

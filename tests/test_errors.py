@@ -53,9 +53,11 @@ def test_unknown_sample_in_update_names_row_and_ids(ds):
         .otherwise(pl.col("sample_id"))
         .alias("sample_id")
     )
-    rejected_update(ds, bad, "row 3", "sample_id 10000")
+    err = rejected_update(ds, bad, "row 3", "sample_id 10000")
+    assert (err.row, err.column, err.value) == (3, "sample_id", "10000")
     bad = meta.with_columns(pl.lit(123, dtype=pl.Int64).alias("cache_id"))
-    rejected_update(ds, bad, "row 0", "cache_id 123")
+    err = rejected_update(ds, bad, "row 0", "cache_id 123")
+    assert (err.row, err.column, err.value) == (0, "cache_id", "123")
 
 
 def test_unknown_sample_in_get_item(ds):
@@ -314,6 +316,9 @@ def test_a_flipped_payload_byte_is_never_delivered(tmp_path):
         ds.get_item(cid, 17)
     msg = str(err.value)
     assert "shard-00000.drts" in msg and "sample 17" in msg and f"offset {16 + 300 * 17}" in msg
+    # the culprit as data: nobody needs to parse the message
+    assert Path(err.value.path) == shard
+    assert (err.value.record, err.value.shard, err.value.offset) == (17, 0, 16 + 300 * 17)
     with pytest.raises(CorruptCacheError, match="sample 17"):
         for _ in ds.iter(seed=0):
             pass
@@ -380,3 +385,22 @@ def test_a_corrupted_snapshot_is_reported(two_caches):
     with pytest.raises(CorruptCacheError, match=path.name):
         drt.open(root)
     assert payload_digest(root)  # caches untouched and still listed
+
+
+def test_errors_name_their_culprit_as_attributes_or_none(ds):
+    """Every InvalidInputError and CorruptCacheError has the culprit
+    attributes: set where known, None where not (never missing)."""
+    with pytest.raises(InvalidInputError) as err:
+        ds.loader(8, seed=-1)
+    assert (err.value.row, err.value.column, err.value.value) == (None, None, None)
+    with pytest.raises(InvalidInputError) as err:
+        ds.update_metadata(ds.get_metadata().with_columns(pl.lit(1).alias("data")))
+    assert err.value.column == "data" and err.value.row is None
+    assert drt.CorruptCacheError("x").record is None
+
+
+def test_internal_and_arrow_errors_have_their_own_classes():
+    assert issubclass(drt.InternalError, drt.DatasetRTError)
+    assert issubclass(drt.InternalError, RuntimeError)
+    assert not issubclass(drt.InternalError, ValueError)  # never the caller's fault
+    assert issubclass(drt.ArrowError, drt.DatasetRTError)

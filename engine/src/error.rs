@@ -12,17 +12,26 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The caller passed something the engine cannot accept (a bad row, column,
-    /// value, name or argument). Nothing was changed.
-    #[error("{0}")]
-    InvalidInput(String),
+    /// value, name or argument). Nothing was changed. `culprit` names what,
+    /// where known, so callers need not parse the message.
+    #[error("{message}")]
+    InvalidInput {
+        message: String,
+        culprit: Box<Culprit>,
+    },
 
     /// A file or directory the engine needs does not exist.
     #[error("{what} not found: {}", path.display())]
     NotFound { what: &'static str, path: PathBuf },
 
     /// Stored bytes do not match what their header, index or checksum promises.
+    /// `record` says which record, where one is at fault.
     #[error("corrupt cache file {}: {detail}", path.display())]
-    Corrupt { path: PathBuf, detail: String },
+    Corrupt {
+        path: PathBuf,
+        detail: String,
+        record: Option<RecordAt>,
+    },
 
     /// A file was written by a format version this build cannot read.
     #[error("unsupported format version {found} in {} (this build reads version {supported})", path.display())]
@@ -58,21 +67,86 @@ pub enum Error {
     #[error("arrow: {0}")]
     Arrow(ArrowError),
 
+    /// A bug in DatasetRT: a worker thread panicked, a task was lost, or an
+    /// invariant did not hold. Never the caller's fault.
+    #[error("internal error (a bug in DatasetRT; please report it): {0}")]
+    Internal(String),
+
     /// A DataFusion error that is not one of ours (bad SQL, planning errors...).
     #[error("{0}")]
     DataFusion(DataFusionError),
 }
 
+/// What an invalid input was, where known: the row, column and value at fault.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Culprit {
+    pub row: Option<u64>,
+    pub column: Option<String>,
+    pub value: Option<String>,
+}
+
+/// Where a corrupt record is: its sample id, shard and byte offset in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordAt {
+    pub record: u64,
+    pub shard: Option<u32>,
+    pub offset: Option<u64>,
+}
+
 impl Error {
-    pub(crate) fn invalid(msg: impl Into<String>) -> Self {
-        Error::InvalidInput(msg.into())
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            message: msg.into(),
+            culprit: Box::default(),
+        }
+    }
+
+    /// This error with the row at fault recorded (invalid input only).
+    pub(crate) fn at_row(mut self, row: usize) -> Self {
+        if let Error::InvalidInput { culprit, .. } = &mut self {
+            culprit.row = Some(row as u64);
+        }
+        self
+    }
+
+    /// This error with the column and value at fault recorded (invalid input only).
+    pub(crate) fn at_column(mut self, column: &str, value: Option<String>) -> Self {
+        if let Error::InvalidInput { culprit, .. } = &mut self {
+            culprit.column = Some(column.to_string());
+            culprit.value = value;
+        }
+        self
     }
 
     pub(crate) fn corrupt(path: impl AsRef<Path>, detail: impl Into<String>) -> Self {
         Error::Corrupt {
             path: path.as_ref().to_path_buf(),
             detail: detail.into(),
+            record: None,
         }
+    }
+
+    /// A corrupt record: `record` of `path`, at `shard` and `offset` where known.
+    pub(crate) fn corrupt_record(
+        path: impl AsRef<Path>,
+        record: u64,
+        shard: Option<u32>,
+        offset: Option<u64>,
+        detail: impl Into<String>,
+    ) -> Self {
+        Error::Corrupt {
+            path: path.as_ref().to_path_buf(),
+            detail: detail.into(),
+            record: Some(RecordAt {
+                record,
+                shard,
+                offset,
+            }),
+        }
+    }
+
+    pub(crate) fn internal(msg: impl Into<String>) -> Self {
+        Error::Internal(msg.into())
     }
 
     /// Build a closure that wraps an `io::Error` with the path it happened on.
@@ -103,6 +177,8 @@ impl From<DataFusionError> for Error {
             },
             DataFusionError::ArrowError(inner, _) => Error::from(*inner),
             DataFusionError::Context(_, inner) => Error::from(*inner),
+            DataFusionError::Internal(msg) => Error::Internal(msg),
+            DataFusionError::ExecutionJoin(e) => Error::Internal(format!("a task failed: {e}")),
             other => Error::DataFusion(other),
         }
     }

@@ -1,15 +1,21 @@
 //! DatasetRT engine: immutable payload caches, versioned metadata snapshots,
 //! DataFusion queries over the training population, and stateless sampling.
 //!
-//! Data flows one way through the modules:
+//! The modules are layers, lowest first; each names only those below it
+//! (`tests/it/layers.rs` checks):
 //!
-//! * [`store`]: bytes on disk: shards, a fixed-width index read in place, a
-//!   manifest, checksums, codecs, atomic publish.
+//! * [`store`]: bytes on disk, local or in a bucket: shards, a fixed-width
+//!   index read in place, a manifest, checksums, codecs, atomic publish, and
+//!   [`store::CacheSet`], the one read path of records by identity.
+//! * [`sample`]: which rows, in which order: stateless samplers (draw `k` of
+//!   epoch `e` is `f(seed, e, k)`) and [`sample::DrawPlan`], the arithmetic of
+//!   blocks, readers and resume positions.
 //! * [`catalog`]: a dataset is a set of caches plus numbered, immutable metadata
-//!   snapshots; updates are validated here.
-//! * [`query`]: a DataFusion session over the active snapshot (table `metadata`).
-//! * [`sample`]: stateless samplers: draw `k` of epoch `e` is `f(seed, e, k)`.
-//! * [`load`]: turns a sequence of rows into batches of payload bytes.
+//!   snapshots; updates are validated and committed here.
+//! * [`query`]: a DataFusion session over the active snapshot (tables
+//!   `metadata` and `payloads`) and every node and rule (`query::exec`).
+//! * [`load`]: the loader plan, its read-ahead, remote prefetching, and
+//!   loader states.
 
 pub mod catalog;
 pub mod error;
@@ -30,7 +36,7 @@ pub fn threads() -> usize {
         .filter(|&n: &usize| n > 0)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
 }
-pub use error::{Error, Result};
+pub use error::{Culprit, Error, RecordAt, Result};
 
 /// A tokio runtime per process. A child created by `fork()` inherits the
 /// parent's runtime object but none of its threads: it gets a new one, and

@@ -29,10 +29,12 @@ from ._build import CacheInput, check_names, write_source
 from ._native import __version__
 from .dataset import Dataset, PathLike, _storage_options
 from .exceptions import (
+    ArrowError,
     CacheNotFoundError,
     ConflictError,
     CorruptCacheError,
     DatasetRTError,
+    InternalError,
     InvalidInputError,
     QueryError,
     StorageError,
@@ -41,6 +43,7 @@ from .exceptions import (
 from .loader import Batch, Loader, Sample
 
 __all__ = [
+    "ArrowError",
     "Batch",
     "CacheInput",
     "CacheNotFoundError",
@@ -48,6 +51,7 @@ __all__ = [
     "CorruptCacheError",
     "Dataset",
     "DatasetRTError",
+    "InternalError",
     "InvalidInputError",
     "Loader",
     "QueryError",

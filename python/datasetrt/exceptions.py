@@ -10,19 +10,27 @@ Python user would catch for that situation::
     ├── UnsupportedFormatError                      written by another format version
     ├── StorageError           (also OSError)       the operating system refused
     ├── ConflictError                               another writer moved the population
-    └── QueryError             (also ValueError)    SQL that cannot be planned or run
+    ├── QueryError             (also ValueError)    SQL that cannot be planned or run
+    ├── ArrowError             (also ValueError)    Arrow refused the data (types, lengths)
+    └── InternalError          (also RuntimeError)  a bug in DatasetRT: please report it
 
-A rejected operation changes nothing. Errors about a file carry it as
-``path``; a :class:`ConflictError` carries ``base`` and ``head``.
+A rejected operation changes nothing. The culprit is in attributes, so
+nobody needs to parse messages: errors about a file carry it as ``path``
+(an ``s3://`` URL for an object); a :class:`CorruptCacheError` about one
+record also ``record``, ``shard`` and ``offset``; an
+:class:`InvalidInputError` ``row``, ``column`` and ``value`` where one is at
+fault; a :class:`ConflictError` ``base`` and ``head``.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "ArrowError",
     "CacheNotFoundError",
     "ConflictError",
     "CorruptCacheError",
     "DatasetRTError",
+    "InternalError",
     "InvalidInputError",
     "QueryError",
     "StorageError",
@@ -35,7 +43,15 @@ class DatasetRTError(Exception):
 
 
 class InvalidInputError(DatasetRTError, ValueError):
-    """An argument, row, column or value was rejected; nothing was changed."""
+    """An argument, row, column or value was rejected; nothing was changed.
+
+    ``row`` (int), ``column`` (str) and ``value`` (str) name the culprit where
+    one is known, else are ``None``.
+    """
+
+    row: int | None = None
+    column: str | None = None
+    value: str | None = None
 
 
 class CacheNotFoundError(DatasetRTError, FileNotFoundError):
@@ -45,8 +61,15 @@ class CacheNotFoundError(DatasetRTError, FileNotFoundError):
 class CorruptCacheError(DatasetRTError):
     """Stored bytes do not match their checksum, header or manifest.
 
-    The message names the file, and for payloads the shard and offset.
+    ``path`` names the file (or object URL). For one record, ``record`` is
+    its sample id, ``shard`` its shard number and ``offset`` its byte offset
+    (in the shard, or the object); otherwise they are ``None``.
     """
+
+    path: str | None = None
+    record: int | None = None
+    shard: int | None = None
+    offset: int | None = None
 
 
 class UnsupportedFormatError(DatasetRTError):
@@ -66,3 +89,13 @@ class ConflictError(DatasetRTError):
 
 class QueryError(DatasetRTError, ValueError):
     """A SQL statement could not be planned or executed."""
+
+
+class ArrowError(DatasetRTError, ValueError):
+    """Arrow refused the data: a type it cannot convert, columns of different
+    lengths, a malformed stream."""
+
+
+class InternalError(DatasetRTError, RuntimeError):
+    """A bug in DatasetRT (a worker thread panicked, a task was lost): never
+    the caller's fault. Please report it with the message."""

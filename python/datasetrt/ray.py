@@ -337,7 +337,8 @@ def build_ray(
     they are opened without running the Ray dataset** (their cache ids stay
     the same); a changed preprocessing needs a new name or root.
     """
-    from . import Dataset, _native
+    from . import _native
+    from .dataset import Dataset
 
     if not isinstance(name, str):
         raise InvalidInputError(f"name must be a str, got {name!r}")

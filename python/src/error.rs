@@ -17,18 +17,20 @@ fn class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>> {
 }
 
 /// Convert an engine error into the matching Python exception, with the
-/// culprit as attributes (`path`; `base` and `head` for a conflict) so that
-/// callers need not parse messages.
+/// culprit as attributes (`path`; `record`, `shard`, `offset` for a corrupt
+/// record; `row`, `column`, `value` for invalid input; `base` and `head` for
+/// a conflict) so that callers need not parse messages.
 pub fn to_py(err: Error) -> PyErr {
     let name = match &err {
-        Error::InvalidInput(_) => "InvalidInputError",
+        Error::InvalidInput { .. } => "InvalidInputError",
         Error::NotFound { .. } => "CacheNotFoundError",
         Error::Corrupt { .. } => "CorruptCacheError",
         Error::UnsupportedVersion { .. } => "UnsupportedFormatError",
         Error::Io { .. } | Error::Remote { .. } => "StorageError",
         Error::Conflict { .. } => "ConflictError",
         Error::DataFusion(_) => "QueryError",
-        Error::Arrow(_) => "DatasetRTError",
+        Error::Arrow(_) => "ArrowError",
+        Error::Internal(_) => "InternalError",
     };
     let message = err.to_string();
     Python::attach(|py| {
@@ -55,6 +57,19 @@ pub fn to_py(err: Error) -> PyErr {
                 exc.setattr("base", base)?;
                 exc.setattr("head", head)?;
             }
+            if let Error::Corrupt {
+                record: Some(at), ..
+            } = &err
+            {
+                exc.setattr("record", at.record)?;
+                exc.setattr("shard", at.shard)?;
+                exc.setattr("offset", at.offset)?;
+            }
+            if let Error::InvalidInput { culprit, .. } = &err {
+                exc.setattr("row", culprit.row)?;
+                exc.setattr("column", culprit.column.as_deref())?;
+                exc.setattr("value", culprit.value.as_deref())?;
+            }
             Ok(PyErr::from_value(exc))
         });
         made.unwrap_or_else(|e| {
@@ -78,5 +93,5 @@ impl<T> IntoPyResult<T> for datasetrt::Result<T> {
 
 /// An invalid-input error raised from the binding layer itself.
 pub fn invalid(message: impl Into<String>) -> PyErr {
-    to_py(Error::InvalidInput(message.into()))
+    to_py(Error::invalid(message))
 }

@@ -78,8 +78,8 @@ impl PyCacheWriter {
             let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
             match guard.as_mut() {
                 Some(writer) => writer.add_chunk(data, ends),
-                None => Err(datasetrt::Error::InvalidInput(
-                    "this cache writer is already finished or aborted".into(),
+                None => Err(datasetrt::Error::invalid(
+                    "this cache writer is already finished or aborted",
                 )),
             }
         })?

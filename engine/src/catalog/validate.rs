@@ -113,6 +113,8 @@ pub fn validate_update(
                 ids[row],
                 caches.ids()
             ))
+            .at_row(row)
+            .at_column("cache_id", Some(ids[row].to_string()))
         })?;
         let cache = &caches[pos];
         if samples[row] < 0 || samples[row] as u64 >= cache.records() {
@@ -122,14 +124,18 @@ pub fn validate_update(
                 cache.name(),
                 cache.id(),
                 cache.records()
-            )));
+            ))
+            .at_row(row)
+            .at_column("sample_id", Some(samples[row].to_string())));
         }
         let wi = w[row];
         if !wi.is_finite() || wi < 0.0 {
             return Err(Error::invalid(format!(
                 "row {row} (cache_id {}, sample_id {}): weight {wi:?} is invalid; weights must be finite and non-negative",
                 ids[row], samples[row]
-            )));
+            ))
+            .at_row(row)
+            .at_column("weight", Some(format!("{wi:?}"))));
         }
         total += wi;
     }

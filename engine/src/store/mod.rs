@@ -46,13 +46,15 @@ pub fn check_column_name(name: &str) -> crate::Result<()> {
     if name.is_empty() || name.chars().any(char::is_control) {
         return Err(crate::Error::invalid(format!(
             "column name {name:?} is empty or has control characters"
-        )));
+        ))
+        .at_column(name, None));
     }
     if PAYLOAD_COLUMNS.contains(&name) {
         return Err(crate::Error::invalid(format!(
             "column name {name:?} is taken by table `payloads` ({}); rename it, e.g. to \"{name}_\"",
             PAYLOAD_COLUMNS.join(", ")
-        )));
+        ))
+        .at_column(name, None));
     }
     Ok(())
 }

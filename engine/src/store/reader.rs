@@ -220,7 +220,8 @@ impl Cache {
             return Err(Error::invalid(format!(
                 "sample_id {sample_id} is out of range for cache {:?} (cache_id {}, {} samples)",
                 self.manifest.name, self.manifest.cache_id, self.manifest.records
-            )));
+            ))
+            .at_column("sample_id", Some(sample_id.to_string())));
         }
         let at = INDEX_HEADER_LEN + sample_id as usize * INDEX_ENTRY_LEN;
         IndexEntry::decode(&self.index[at..at + INDEX_ENTRY_LEN]).map_err(|detail| {
@@ -254,8 +255,8 @@ impl Cache {
         verify: bool,
     ) -> Result<(&Buffer, usize, usize)> {
         if self.replica.as_ref().is_some_and(|r| !r.whole()) {
-            return Err(Error::invalid(
-                "internal: records of an evicting replica are read through read_entry",
+            return Err(Error::internal(
+                "records of an evicting replica are read through read_entry",
             ));
         }
         let (path, shard) = self.shards.get(e.shard as usize).ok_or_else(|| {
@@ -271,8 +272,11 @@ impl Cache {
         let start = e.offset as usize;
         let end = start.saturating_add(e.stored_len as usize);
         if start < super::format::SHARD_HEADER_LEN || end > shard.len() {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_record(
                 path,
+                sample_id,
+                Some(e.shard),
+                Some(start as u64),
                 format!(
                     "sample {sample_id} at shard {} offset {start}: {} bytes run past the end ({} bytes)",
                     e.shard,
@@ -287,8 +291,11 @@ impl Cache {
         } else if verify {
             let actual = crc32c(&shard[start..end]);
             if actual != e.checksum {
-                return Err(Error::corrupt(
+                return Err(Error::corrupt_record(
                     path,
+                    sample_id,
+                    Some(e.shard),
+                    Some(start as u64),
                     format!(
                         "sample {sample_id} at shard {} offset {start}: checksum mismatch \
                          (stored crc32c {:08x}, computed {actual:08x})",
@@ -317,8 +324,11 @@ impl Cache {
             let mut stored = vec![0u8; e.stored_len as usize];
             replica.read(sample_id, e.checksum, &mut stored)?;
             return decode_into(e.codec, &stored, out).map_err(|detail| {
-                Error::corrupt(
+                Error::corrupt_record(
                     &self.shards[e.shard as usize].0,
+                    sample_id,
+                    Some(e.shard),
+                    Some(e.offset),
                     format!("sample {sample_id}: {detail}"),
                 )
             });
@@ -326,8 +336,11 @@ impl Cache {
         let (shard, start, end) = self.stored(sample_id, e, verify)?;
         decode_into(e.codec, &shard[start..end], out).map_err(|detail| {
             let path = &self.shards[e.shard as usize].0;
-            Error::corrupt(
+            Error::corrupt_record(
                 path,
+                sample_id,
+                Some(e.shard),
+                Some(start as u64),
                 format!(
                     "sample {sample_id} at shard {} offset {start}: {detail}",
                     e.shard

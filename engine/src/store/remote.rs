@@ -137,7 +137,7 @@ fn io_runtime() -> Result<Arc<tokio::runtime::Runtime>> {
 pub fn block_on<T: Send + 'static>(fut: impl Future<Output = T> + Send + 'static) -> Result<T> {
     let handle = io_runtime()?.spawn(fut);
     futures::executor::block_on(handle)
-        .map_err(|e| Error::invalid(format!("object-store task failed: {e}")))
+        .map_err(|e| Error::internal(format!("object-store task failed: {e}")))
 }
 
 /// Spawn `fut` on the I/O runtime.
@@ -538,7 +538,7 @@ impl Remote {
                     move || std::fs::read(&path).map_err(Error::io(&path))
                 })
                 .await
-                .map_err(|e| Error::invalid(format!("upload task failed: {e}")))??;
+                .map_err(|e| Error::internal(format!("upload task failed: {e}")))??;
                 self.put(&self.object(&[name, &file]), Bytes::from(bytes), false)
                     .await
                     .map(|_| ())
@@ -843,7 +843,7 @@ impl Replica {
             let range = r.range.clone();
             tokio::task::spawn_blocking(move || RangeLock::acquire(file, &path, range))
                 .await
-                .map_err(|e| Error::invalid(format!("replica lock failed: {e}")))??
+                .map_err(|e| Error::internal(format!("replica lock task failed: {e}")))??
         };
         if self.holds(r)? {
             drop(lock);
@@ -857,8 +857,11 @@ impl Replica {
             let at = (start - r.range.start) as usize..(end - r.range.start) as usize;
             let actual = crc32c(&bytes[at]);
             if actual != crc {
-                return Err(Error::corrupt(
+                return Err(Error::corrupt_record(
                     self.remote.object_url(object),
+                    s,
+                    Some(r.shard),
+                    Some(start),
                     format!(
                         "sample {s} of cache {:?} at bytes {start}..{end}: checksum mismatch after \
                          download (index crc32c {crc:08x}, downloaded {actual:08x})",
@@ -956,9 +959,12 @@ impl Replica {
                 block_on(async move { this.fetch_unclaimed(sample).await })??;
             }
         }
-        let (shard, ..) = self.spans[sample as usize];
-        Err(Error::corrupt(
+        let (shard, start, ..) = self.spans[sample as usize];
+        Err(Error::corrupt_record(
             &self.shards[shard as usize].1,
+            sample,
+            Some(shard),
+            Some(start),
             format!(
                 "sample {sample} of cache {:?}: the replica's bytes fail their checksum after \
                  fetching them again",

@@ -43,6 +43,7 @@ impl CacheSet {
                     "cache_id {cache_id} is not a cache of this dataset (known cache_ids: {:?})",
                     self.ids()
                 ))
+                .at_column("cache_id", Some(cache_id.to_string()))
             })
     }
 
@@ -79,9 +80,14 @@ impl CacheSet {
                     Error::invalid(format!(
                         "row {i}: cache_id {cid} is not a cache of this dataset"
                     ))
+                    .at_row(i)
+                    .at_column("cache_id", Some(cid.to_string()))
                 })?;
-                let sample = u64::try_from(sid)
-                    .map_err(|_| Error::invalid(format!("row {i}: sample_id {sid} is negative")))?;
+                let sample = u64::try_from(sid).map_err(|_| {
+                    Error::invalid(format!("row {i}: sample_id {sid} is negative"))
+                        .at_row(i)
+                        .at_column("sample_id", Some(sid.to_string()))
+                })?;
                 Ok((pos as u32, sample))
             })
             .collect()

@@ -99,7 +99,7 @@ fn take_payloads(
             let mut outs = vec![run(chunks[0])];
             outs.extend(handles.into_iter().map(|h| {
                 h.join()
-                    .unwrap_or_else(|_| Err(Error::invalid("payload read thread panicked")))
+                    .unwrap_or_else(|_| Err(Error::internal("a payload read thread panicked")))
             }));
             outs.into_iter().collect::<Result<Vec<_>>>()
         })?

@@ -197,7 +197,7 @@ impl CacheWriter {
         match self.sink.take() {
             Some(handle) => handle
                 .join()
-                .unwrap_or_else(|_| Err(Error::invalid("cache writer thread panicked"))),
+                .unwrap_or_else(|_| Err(Error::internal("a cache writer thread panicked"))),
             None => Err(Error::invalid("cache writer is closed")),
         }
     }

@@ -88,7 +88,7 @@ fn rejected_updates_change_nothing() {
         let err = ds
             .update(&batch.schema(), &[batch], "test", None, false)
             .unwrap_err();
-        assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+        assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
     }
     assert_eq!(ds.snapshot().number(), 0);
     assert_eq!(ds.snapshot_numbers().unwrap(), vec![0]);

@@ -130,6 +130,6 @@ fn out_of_range_samples_are_invalid_input() {
     let cache = write_cache(dir.path(), "small", 4, WriterOptions::default());
     assert!(matches!(
         read(&cache, 4).unwrap_err(),
-        Error::InvalidInput(_)
+        Error::InvalidInput { .. }
     ));
 }

@@ -200,7 +200,9 @@ impl PartitionTake {
                 .payload_columns(&cache_ids, &sample_ids, &this.columns, this.concurrency)
         })
         .await
-        .map_err(|e| DataFusionError::Execution(format!("payload read task failed: {e}")))??;
+        .map_err(|e| {
+            DataFusionError::from(Error::internal(format!("payload read task failed: {e}")))
+        })??;
         for (c, a) in self.columns.iter().zip(&added) {
             if *c == PayloadColumn::Data {
                 self.bytes.add(binary_view_bytes(a.as_ref()));

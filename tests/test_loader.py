@@ -48,6 +48,9 @@ def test_explain_shows_the_loader_plan(two_caches):
     sum(len(b) for b in loader)
     metrics = loader.metrics()
     assert "output_rows=800" in metrics and "payload_bytes=" in metrics
+    # the source node counts its draws and the time its alias table took
+    sample = next(line for line in metrics.splitlines() if "SampleExec" in line)
+    assert "output_rows=800" in sample and "sampler_build_time=" in sample, sample
 
 
 def test_a_loader_keeps_its_snapshot(two_caches):

@@ -101,6 +101,18 @@ impl DrawPlan {
         self.blocks().saturating_sub(first).div_ceil(stride)
     }
 
+    /// Draws this reader delivers: its batches, the last one possibly short.
+    pub fn reader_draws(&self) -> u64 {
+        let n = self.batches();
+        if n == 0 {
+            return 0;
+        }
+        let stride = self.world_size as u64 * self.num_workers as u64;
+        let mine = self.rank as u64 + self.world_size as u64 * self.worker as u64;
+        let (start, end) = self.block_range(self.start_block + mine + (n - 1) * stride);
+        (n - 1) * self.batch_size as u64 + (end - start)
+    }
+
     /// The global draw position once this reader has delivered `batches`
     /// batches and every other reader kept pace (ranks in lockstep, a
     /// DataLoader's workers in turn): where an epoch resumed from here starts.
@@ -215,6 +227,12 @@ mod tests {
                         let mut p = plan(world, workers, r, w);
                         p.start_block = start;
                         assert_eq!(p.batches(), p.my_blocks().count() as u64);
+                        let draws: u64 = p
+                            .my_blocks()
+                            .map(|b| p.block_range(b))
+                            .map(|(s, e)| e - s)
+                            .sum();
+                        assert_eq!(p.reader_draws(), draws);
                         // after n batches of every reader the next block of this one is due
                         for (n, b) in p.my_blocks().enumerate() {
                             let at = p.position_after(n as u64);

@@ -149,8 +149,7 @@ async fn payloads_may_come_first_with_the_keys_in_any_order_and_keep_the_select_
         "
 ProjectionExec: expr=[data@5 as data, sample_id@1 as sample_id, raw_len@4 as raw_len]
   PayloadTakeExec: caches=2, columns=[cache_id, sample_id, raw_len, data], unmatched=Drop, concurrency=2, verify_checksums=true
-    CoalescePartitionsExec
-      DataSourceExec: partitions=2, partition_sizes=[1, 1]
+    DataSourceExec: partitions=2, partition_sizes=[1, 1]
 ",
     )
     .await;
@@ -205,8 +204,8 @@ async fn a_join_that_keeps_every_stored_sample_stays_a_hash_join() {
 CooperativeExec
   HashJoinExec: mode=CollectLeft, join_type={join}, on=[(cache_id@0, cache_id@0), (sample_id@1, sample_id@1)], projection=[sample_id@4, loss@2]
     DataSourceExec: partitions=1, partition_sizes=[1]
-    RepartitionExec: partitioning=RoundRobinBatch(2), input_partitions=1
-      PayloadScanExec: caches=2, columns=[cache_id, sample_id]
+    CooperativeExec
+      PayloadScanExec: caches=2, columns=[cache_id, sample_id], partitions=2
 ";
     for (query, join) in [
         (
@@ -243,8 +242,8 @@ CooperativeExec
   HashJoinExec: mode=CollectLeft, join_type=Left, on=[(cache_id@0, cache_id@0), (sample_id@1, sample_id@1)], projection=[loss@2, data@5]
     DataSourceExec: partitions=1, partition_sizes=[1]
     FilterExec: sample_id@1 > 5
-      RepartitionExec: partitioning=RoundRobinBatch(2), input_partitions=1
-        PayloadScanExec: caches=2, columns=[cache_id, sample_id, data]
+      CooperativeExec
+        PayloadScanExec: caches=2, columns=[cache_id, sample_id, data], partitions=2
 ",
     )
     .await;
@@ -319,8 +318,8 @@ CooperativeExec
   HashJoinExec: mode=CollectLeft, join_type=Inner, on=[(sample_id@0, sample_id@0)], projection=[sample_id@0, data@2]
     CoalescePartitionsExec
       DataSourceExec: partitions=2, partition_sizes=[1, 1]
-    RepartitionExec: partitioning=RoundRobinBatch(2), input_partitions=1
-      PayloadScanExec: caches=2, columns=[sample_id, data]
+    CooperativeExec
+      PayloadScanExec: caches=2, columns=[sample_id, data], partitions=2
 ",
     )
     .await;
@@ -334,8 +333,8 @@ CooperativeExec
   HashJoinExec: mode=CollectLeft, join_type=Inner, on=[(cache_id@0, cache_id@0), (sample_id@1, sample_id@1)], filter=raw_len@1 > label@0, projection=[sample_id@1, data@6]
     CoalescePartitionsExec
       DataSourceExec: partitions=2, partition_sizes=[1, 1]
-    RepartitionExec: partitioning=RoundRobinBatch(2), input_partitions=1
-      PayloadScanExec: caches=2, columns=[cache_id, sample_id, raw_len, data]
+    CooperativeExec
+      PayloadScanExec: caches=2, columns=[cache_id, sample_id, raw_len, data], partitions=2
 ",
     )
     .await;
@@ -348,8 +347,8 @@ CooperativeExec
 CooperativeExec
   HashJoinExec: mode=CollectLeft, join_type=LeftSemi, on=[(cache_id@0, cache_id@0), (sample_id@1, sample_id@1)], projection=[loss@2]
     DataSourceExec: partitions=1, partition_sizes=[1]
-    RepartitionExec: partitioning=RoundRobinBatch(2), input_partitions=1
-      PayloadScanExec: caches=2, columns=[cache_id, sample_id]
+    CooperativeExec
+      PayloadScanExec: caches=2, columns=[cache_id, sample_id], partitions=2
 ",
     )
     .await;

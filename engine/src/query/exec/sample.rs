@@ -7,12 +7,18 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Int64Array, RecordBatch, UInt32Array, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::Statistics;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::StatisticsArgs;
 use futures::StreamExt;
 
 use datafusion::physical_plan::{
@@ -59,6 +65,7 @@ pub struct SampleExec {
     snapshot: Arc<Snapshot>,
     plan: DrawPlan,
     properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
 }
 
 impl SampleExec {
@@ -74,13 +81,24 @@ impl SampleExec {
             snapshot,
             plan,
             properties: Arc::new(properties),
+            metrics: ExecutionPlanMetricsSet::new(),
         })
     }
 }
 
 impl DisplayAs for SampleExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let p = &self.plan;
+        if let DisplayFormatType::TreeRender = t {
+            writeln!(f, "snapshot={}", self.snapshot.number())?;
+            writeln!(f, "sampling={}", p.sampling.name())?;
+            writeln!(f, "seed={}", p.seed)?;
+            writeln!(f, "epoch={}", p.epoch)?;
+            writeln!(f, "batch_size={}", p.batch_size)?;
+            writeln!(f, "start_block={}", p.start_block)?;
+            writeln!(f, "rank={}/{}", p.rank, p.world_size)?;
+            return writeln!(f, "worker={}/{}", p.worker, p.num_workers);
+        }
         write!(
             f,
             "SampleExec: snapshot={}, sampling={}, seed={}, epoch={}, epoch_len={}, batch_size={}, \
@@ -104,6 +122,24 @@ impl DisplayAs for SampleExec {
 impl ExecutionPlan for SampleExec {
     fn name(&self) -> &'static str {
         "SampleExec"
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    /// Exact: the plan says how many draws this reader delivers.
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> DfResult<Arc<Statistics>> {
+        let rows = usize::try_from(self.plan.reader_draws()).unwrap_or(usize::MAX);
+        Ok(Arc::new(
+            Statistics::new_unknown(&draws_schema())
+                .with_num_rows(Precision::Exact(rows))
+                .with_total_byte_size(Precision::Exact(rows * 28)),
+        ))
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
@@ -149,13 +185,20 @@ impl ExecutionPlan for SampleExec {
         let snapshot = self.snapshot.clone();
         let plan = self.plan.clone();
         let blocks = plan.my_blocks();
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        // the alias table (or sorted order) an epoch needs: built or mapped
+        let build = MetricBuilder::new(&self.metrics).subset_time("sampler_build_time", partition);
         // The sampler (an alias table or a sorted order) is built on first poll.
         let mut sampler: Option<EpochSampler> = None;
         let stream = futures::stream::iter(blocks).map(move |b| {
+            let _compute = baseline.elapsed_compute().timer();
             if sampler.is_none() {
+                let _build = build.timer();
                 sampler = Some(snapshot.epoch_sampler(&plan)?);
             }
-            draw_block(&snapshot, sampler.as_ref().expect("just built"), &plan, b)
+            let batch = draw_block(&snapshot, sampler.as_ref().expect("just built"), &plan, b)?;
+            baseline.record_output(batch.num_rows());
+            Ok(batch)
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             draws_schema(),

@@ -1,25 +1,33 @@
-//! `PayloadScanExec`: every stored sample of the `payloads` table, cache by
-//! cache, reading payload bytes only when `data` is selected.
+//! `PayloadScanExec`: every stored sample of the `payloads` table, reading
+//! payload bytes only when `data` is selected. The samples are cut into
+//! chunks of up to `SCAN_BATCH` records of one cache, dealt to partitions in
+//! turn, and each chunk is read on the blocking pool, never on an async worker.
 
 use std::fmt;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow::datatypes::{Schema, SchemaRef};
+use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::Statistics;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
+    StatisticsArgs,
 };
 use futures::StreamExt;
 
 use super::take::PayloadColumn;
 use crate::store::CacheSet;
+use crate::Error;
 
 /// Rows per batch of a full `payloads` scan.
 const SCAN_BATCH: usize = 8192;
@@ -30,13 +38,15 @@ pub(crate) fn schema_of(columns: &[PayloadColumn]) -> SchemaRef {
     ))
 }
 
-/// A scan of every stored sample (one partition, cache by cache).
+/// A scan of every stored sample, in partitions of whole chunks.
 #[derive(Debug)]
 pub struct PayloadScanExec {
     pub(super) caches: CacheSet,
     columns: Vec<PayloadColumn>,
     limit: Option<usize>,
     pub(super) concurrency: usize,
+    /// (cache position, first sample, count), in cache and sample order.
+    chunks: Arc<[(usize, u64, u64)]>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -48,9 +58,29 @@ impl PayloadScanExec {
         limit: Option<usize>,
         concurrency: usize,
     ) -> Self {
+        let total: u64 = caches.iter().map(|c| c.records()).sum();
+        let end = limit.map_or(total, |l| (l as u64).min(total));
+        let mut chunks = Vec::new();
+        let mut seen = 0u64;
+        for (pos, cache) in caches.iter().enumerate() {
+            let mut start = 0u64;
+            while start < cache.records() && seen < end {
+                let n = (cache.records() - start)
+                    .min(SCAN_BATCH as u64)
+                    .min(end - seen);
+                chunks.push((pos, start, n));
+                start += n;
+                seen += n;
+            }
+        }
+        // a LIMIT reads its first rows in order, from one partition
+        let partitions = match limit {
+            Some(_) => 1,
+            None => concurrency.min(chunks.len()).max(1),
+        };
         let properties = PlanProperties::new(
             EquivalenceProperties::new(schema_of(&columns)),
-            Partitioning::UnknownPartitioning(1),
+            Partitioning::UnknownPartitioning(partitions),
             EmissionType::Incremental,
             Boundedness::Bounded,
         );
@@ -59,6 +89,7 @@ impl PayloadScanExec {
             columns,
             limit,
             concurrency,
+            chunks: chunks.into(),
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
         }
@@ -67,16 +98,41 @@ impl PayloadScanExec {
     pub fn columns(&self) -> &[PayloadColumn] {
         &self.columns
     }
+
+    fn partitions(&self) -> usize {
+        self.properties.output_partitioning().partition_count()
+    }
+
+    /// Rows partition `p` (or all partitions) delivers.
+    fn rows(&self, partition: Option<usize>) -> u64 {
+        let parts = self.partitions();
+        self.chunks
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| partition.is_none_or(|p| i % parts == p))
+            .map(|(_, &(_, _, n))| n)
+            .sum()
+    }
 }
 
 impl DisplayAs for PayloadScanExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let names: Vec<&str> = self.columns.iter().map(|c| c.name()).collect();
+        if let DisplayFormatType::TreeRender = t {
+            writeln!(f, "caches={}", self.caches.len())?;
+            writeln!(f, "columns=[{}]", names.join(", "))?;
+            writeln!(f, "partitions={}", self.partitions())?;
+            if let Some(l) = self.limit {
+                writeln!(f, "limit={l}")?;
+            }
+            return Ok(());
+        }
         write!(
             f,
-            "PayloadScanExec: caches={}, columns=[{}]",
+            "PayloadScanExec: caches={}, columns=[{}], partitions={}",
             self.caches.len(),
-            names.join(", ")
+            names.join(", "),
+            self.partitions()
         )?;
         if let Some(l) = self.limit {
             write!(f, ", limit={l}")?;
@@ -120,57 +176,72 @@ impl ExecutionPlan for PayloadScanExec {
         Ok(self)
     }
 
+    /// Exact: the index says how many records each chunk holds.
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> DfResult<Arc<Statistics>> {
+        let rows = usize::try_from(self.rows(args.partition())).unwrap_or(usize::MAX);
+        Ok(Arc::new(
+            Statistics::new_unknown(&schema_of(&self.columns))
+                .with_num_rows(Precision::Exact(rows)),
+        ))
+    }
+
     fn execute(
         &self,
         partition: usize,
         _context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        if partition != 0 {
+        let parts = self.partitions();
+        if partition >= parts {
             return Err(DataFusionError::Internal(format!(
-                "PayloadScanExec has one partition, not {partition}"
+                "PayloadScanExec has {parts} partitions, not {}",
+                partition + 1
             )));
         }
-        let rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
         let bytes = MetricBuilder::new(&self.metrics).counter("payload_bytes", partition);
-        let total: usize = self.caches.iter().map(|c| c.records() as usize).sum();
-        let end = self.limit.map_or(total, |l| l.min(total));
-        let mut chunks = Vec::new(); // (cache position, first sample, count)
-        let mut seen = 0usize;
-        for (pos, cache) in self.caches.iter().enumerate() {
-            let mut start = 0u64;
-            while start < cache.records() && seen < end {
-                let n = (cache.records() - start)
-                    .min(SCAN_BATCH as u64)
-                    .min((end - seen) as u64);
-                chunks.push((pos, start, n));
-                start += n;
-                seen += n as usize;
-            }
-        }
+        let mine: Vec<(usize, u64, u64)> = self
+            .chunks
+            .iter()
+            .skip(partition)
+            .step_by(parts)
+            .copied()
+            .collect();
         let caches = self.caches.clone();
-        let columns = self.columns.clone();
+        let columns: Arc<[PayloadColumn]> = self.columns.clone().into();
         let schema = schema_of(&columns);
-        let concurrency = self.concurrency;
+        // partitions run at once: they split the read threads
+        let concurrency = self.concurrency.div_ceil(parts).max(1);
         let out_schema = schema.clone();
-        let stream = futures::stream::iter(chunks).map(move |(pos, start, n)| {
-            let id = caches[pos].id();
-            let cache_ids = vec![id; n as usize];
-            let sample_ids: Vec<i64> = (start as i64..(start + n) as i64).collect();
-            let arrays: Vec<ArrayRef> =
-                caches.payload_columns(&cache_ids, &sample_ids, &columns, concurrency)?;
-            rows.add(n as usize);
-            for (c, a) in columns.iter().zip(&arrays) {
-                if *c == PayloadColumn::Data {
-                    bytes.add(crate::store::take::binary_view_bytes(a.as_ref()));
+        let stream = futures::stream::iter(mine).then(move |(pos, start, n)| {
+            let (caches, columns, schema) = (caches.clone(), columns.clone(), out_schema.clone());
+            let (baseline, bytes) = (baseline.clone(), bytes.clone());
+            async move {
+                let timer = baseline.elapsed_compute().timer();
+                let read = tokio::task::spawn_blocking(move || {
+                    let id = caches[pos].id();
+                    let cache_ids = vec![id; n as usize];
+                    let sample_ids: Vec<i64> = (start as i64..(start + n) as i64).collect();
+                    caches.payload_columns(&cache_ids, &sample_ids, &columns, concurrency)
+                });
+                let arrays: Vec<ArrayRef> = read.await.map_err(|e| {
+                    DataFusionError::from(Error::internal(format!("payload scan task failed: {e}")))
+                })??;
+                for a in &arrays {
+                    if a.data_type() == &arrow::datatypes::DataType::BinaryView {
+                        bytes.add(crate::store::take::binary_view_bytes(a.as_ref()));
+                    }
                 }
+                // `count(*)` projects no column: the batch still has n rows
+                let options = RecordBatchOptions::new().with_row_count(Some(n as usize));
+                let batch = RecordBatch::try_new_with_options(schema, arrays, &options)?;
+                baseline.record_output(batch.num_rows());
+                timer.done();
+                Ok(batch)
             }
-            // `count(*)` projects no column: the batch still has n rows
-            let options = RecordBatchOptions::new().with_row_count(Some(n as usize));
-            Ok(RecordBatch::try_new_with_options(
-                out_schema.clone(),
-                arrays,
-                &options,
-            )?)
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }

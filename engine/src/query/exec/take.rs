@@ -16,15 +16,18 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt32Array};
 use arrow::compute::{filter_record_batch, take};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
+use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::Statistics;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{
-    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
 };
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
     ReplaceChildrenOptions,
@@ -148,8 +151,14 @@ impl PayloadTakeExec {
 }
 
 impl DisplayAs for PayloadTakeExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let names: Vec<&str> = self.columns.iter().map(|c| c.name()).collect();
+        if let DisplayFormatType::TreeRender = t {
+            writeln!(f, "caches={}", self.caches.len())?;
+            writeln!(f, "columns=[{}]", names.join(", "))?;
+            writeln!(f, "unmatched={:?}", self.unmatched)?;
+            return writeln!(f, "concurrency={}", self.concurrency);
+        }
         write!(
             f,
             "PayloadTakeExec: caches={}, columns=[{}], unmatched={:?}, concurrency={}, \
@@ -170,13 +179,14 @@ struct PartitionTake {
     unmatched: Unmatched,
     concurrency: usize,
     schema: SchemaRef,
-    rows: Count,
+    baseline: BaselineMetrics,
     bytes: Count,
     read_time: Time,
 }
 
 impl PartitionTake {
     async fn batch(self: Arc<Self>, batch: RecordBatch) -> DfResult<RecordBatch> {
+        let compute = self.baseline.elapsed_compute().timer();
         let timer = self.read_time.timer();
         // Under a join, rows naming no stored sample are left out first; an
         // outer join puts them back below with null payload columns.
@@ -229,11 +239,13 @@ impl PartitionTake {
             }
             _ => matched,
         };
-        self.rows.add(base.num_rows());
+        self.baseline.record_output(base.num_rows());
         timer.done();
         let mut all: Vec<ArrayRef> = base.columns().to_vec();
         all.extend(added);
-        Ok(RecordBatch::try_new(self.schema.clone(), all)?)
+        let out = RecordBatch::try_new(self.schema.clone(), all)?;
+        compute.done();
+        Ok(out)
     }
 }
 
@@ -336,7 +348,7 @@ impl ExecutionPlan for PayloadTakeExec {
             unmatched: self.unmatched,
             concurrency: self.concurrency.div_ceil(partitions.max(1)).max(1),
             schema: self.schema.clone(),
-            rows: MetricBuilder::new(&self.metrics).output_rows(partition),
+            baseline: BaselineMetrics::new(&self.metrics, partition),
             bytes: MetricBuilder::new(&self.metrics).counter("payload_bytes", partition),
             read_time: MetricBuilder::new(&self.metrics).subset_time("read_time", partition),
         });
@@ -352,5 +364,25 @@ impl ExecutionPlan for PayloadTakeExec {
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    /// The input's row count: exact unless unmatched rows are dropped.
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> DfResult<Arc<Statistics>> {
+        let rows = match (input_stats.first(), self.unmatched) {
+            (None, _) => Precision::Absent,
+            (Some(input), Unmatched::Error | Unmatched::Null) => input.num_rows,
+            (Some(input), Unmatched::Drop) => input.num_rows.to_inexact(),
+        };
+        Ok(Arc::new(
+            Statistics::new_unknown(&self.schema).with_num_rows(rows),
+        ))
     }
 }

@@ -3,6 +3,7 @@ work is split over processes, bounded read-ahead, errors that surface."""
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing as mp
 import os
 import pickle
@@ -221,3 +222,27 @@ def test_datasetrt_threads_sets_the_default_read_concurrency(tmp_path, source):
         )
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == threads
+
+
+def test_a_batch_is_handed_over_as_arrow_and_raw_payloads_without_a_copy(tmp_path, source):
+    """The loader hands each batch over as one Arrow record batch (draw, row,
+    identity, data). ``views`` gives the payloads as memoryviews: over the
+    mapped shard for records stored raw (the bytes are the file's), over a
+    copy for compressed ones; both equal ``data``."""
+    raw = source("raw-v1", 40, payload=lambda i: bytes([i]) * 1000)
+    packed = source("packed-v1", 40, payload=lambda i: bytes([i]) * 1000)
+    ds = drt.build(tmp_path / "raw", [raw], codec="none", progress=False)
+    zds = drt.build(tmp_path / "z", [packed], codec="zstd", progress=False)
+    for dataset, mapped in ((ds, True), (zds, False)):
+        batch = next(iter(dataset.loader(batch_size=16, seed=3)))
+        frame = pl.DataFrame(batch.to_arrow())
+        assert frame.columns == ["draw", "row", "cache_id", "sample_id", "data"]
+        assert frame["data"].to_list() == batch.data
+        assert frame["row"].to_list() == batch.rows
+        assert frame["sample_id"].to_list() == batch.sample_id
+        views = batch.views
+        assert [bytes(v) for v in views] == batch.data
+        assert all(isinstance(v, memoryview) and v.readonly for v in views)
+        # a view over the shard is a slice of a memory map (its `obj`), not of bytes
+        assert all(isinstance(v.obj, mmap.mmap) == mapped for v in views)
+        del batch, views  # the views keep their mapping alive, not the loader

@@ -104,7 +104,11 @@ def stub_returns() -> dict[tuple[str, str], str]:
     for cls in tree.body:
         if isinstance(cls, ast.ClassDef):
             for item in cls.body:
-                if isinstance(item, ast.FunctionDef) and isinstance(item.returns, ast.Name):
+                if (
+                    isinstance(item, ast.FunctionDef)
+                    and isinstance(item.returns, ast.Name)
+                    and isinstance(getattr(_native, item.returns.id, None), type)
+                ):
                     out[cls.name, item.name] = item.returns.id
     return out
 
@@ -223,6 +227,16 @@ def wrapped_classes(modules: dict[Path, ast.Module]) -> dict[str, str]:
                         native = visitor.native_type(sub.value)
                         if native is not None:
                             wrapped[cls.name] = native
+                    # `self._native: _native.Batch = native`: the annotation says
+                    elif (
+                        isinstance(sub, ast.AnnAssign)
+                        and isinstance(sub.target, ast.Attribute)
+                        and sub.target.attr == "_native"
+                        and isinstance(sub.annotation, ast.Attribute)
+                        and isinstance(sub.annotation.value, ast.Name)
+                        and sub.annotation.value.id == "_native"
+                    ):
+                        wrapped[cls.name] = sub.annotation.attr
     return wrapped
 
 
@@ -246,7 +260,7 @@ def label(member: tuple[str, str]) -> str:
 
 def test_the_wrapper_classes_are_found():
     _, _, wrapped = wrapper_uses()
-    assert wrapped == {"Dataset": "Dataset", "Loader": "Loader"}
+    assert wrapped == {"Batch": "Batch", "Dataset": "Dataset", "Loader": "Loader"}
 
 
 def test_every_native_read_in_the_wrappers_is_understood():
@@ -333,7 +347,7 @@ def test_every_wrapped_native_member_keeps_its_name():
     classes = native_classes()
     renamed = [
         f"{wrapper.__name__}.{member}"
-        for wrapper in (datasetrt.Dataset, datasetrt.Loader)
+        for wrapper in (datasetrt.Dataset, datasetrt.Loader, datasetrt.Batch)
         for member in vars(classes[wrapper.__name__])
         if not member.startswith("_")
         and (wrapper.__name__, member) not in NOT_WRAPPED.keys() | INTERNAL.keys()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from . import _html
+from . import _html, _native
 from ._html import HtmlRepr
 from ._state import MAX_DRAWS, check_epoch, check_int, check_seed, check_version
 
@@ -62,32 +62,70 @@ class Sample(HtmlRepr):
 
 
 class Batch(HtmlRepr):
-    """One batch from a loader: columnar access plus lazily built samples.
+    """One batch from a loader, handed over as the Arrow record batch the
+    engine produced (columns ``draw``, ``row``, ``cache_id``, ``sample_id``,
+    ``data``), with Python views of it built on first access:
 
-    ``data`` is the list of payloads; ``cache_id``/``sample_id``/``rows`` are
-    lists of ints (``rows`` index the loader's snapshot); ``metadata`` is a
-    polars DataFrame of the batch's rows, built on first access.
+    - ``data``: the payloads as ``bytes`` (copies);
+    - ``views``: the payloads as read-only memoryviews, over the mapped shard
+      (no copy) for records stored raw in a local cache or a whole replica,
+      over a copy otherwise;
+    - ``cache_id``, ``sample_id``, ``rows``: lists of ints (``rows`` index
+      the loader's snapshot); ``metadata``: a polars DataFrame of the rows;
+    - ``to_arrow()`` / ``__arrow_c_array__``: the record batch itself, for
+      ``pl.DataFrame(batch.to_arrow())`` or ``pyarrow.record_batch(batch)``;
+      raw payloads stay views over the mapped shard there too.
     """
 
-    __slots__ = ("_frame", "_metadata", "cache_id", "data", "rows", "sample_id")
+    __slots__ = ("_cache_id", "_data", "_frame", "_metadata", "_native", "_rows", "_sample_id")
 
-    def __init__(
-        self,
-        rows: list[int],
-        cache_id: list[int],
-        sample_id: list[int],
-        data: list[bytes],
-        frame: pl.DataFrame,
-    ):
-        self.rows = rows
-        self.cache_id = cache_id
-        self.sample_id = sample_id
-        self.data = data
+    def __init__(self, native: Any, frame: pl.DataFrame):
+        self._native: _native.Batch = native
         self._frame = frame
         self._metadata: pl.DataFrame | None = None
+        self._rows: list[int] | None = None
+        self._cache_id: list[int] | None = None
+        self._sample_id: list[int] | None = None
+        self._data: list[bytes] | None = None
 
     def __len__(self) -> int:
-        return len(self.data)
+        return len(self._native)
+
+    @property
+    def rows(self) -> list[int]:
+        if self._rows is None:
+            self._rows = self._native.rows()
+        return self._rows
+
+    @property
+    def cache_id(self) -> list[int]:
+        if self._cache_id is None:
+            self._cache_id = self._native.cache_id()
+        return self._cache_id
+
+    @property
+    def sample_id(self) -> list[int]:
+        if self._sample_id is None:
+            self._sample_id = self._native.sample_id()
+        return self._sample_id
+
+    @property
+    def data(self) -> list[bytes]:
+        if self._data is None:
+            self._data = self._native.data()
+        return self._data
+
+    @property
+    def views(self) -> list[memoryview]:
+        """The payloads without a copy where they are stored raw (see the class)."""
+        return self._native.views()
+
+    def to_arrow(self) -> Any:
+        """The batch as an Arrow record batch (any Arrow library reads it)."""
+        return self._native.to_arrow()
+
+    def __arrow_c_array__(self, requested_schema: object | None = None) -> object:
+        return self._native.to_arrow().__arrow_c_array__(requested_schema)
 
     @property
     def metadata(self) -> pl.DataFrame:
@@ -185,8 +223,7 @@ class Loader(HtmlRepr):
         return self
 
     def __next__(self) -> Batch:
-        rows, cache_id, sample_id, data = next(self._native)
-        return Batch(rows, cache_id, sample_id, data, self._frame)
+        return Batch(next(self._native), self._frame)
 
     def __repr__(self) -> str:
         p = self.plan

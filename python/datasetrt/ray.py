@@ -76,20 +76,27 @@ class DrawsDatasource(Datasource):
         self.prefetch_bytes = check_int(prefetch_bytes, "prefetch_bytes", 1, (1 << 63) - 1)
         if epoch_len is not None:
             check_int(epoch_len, "epoch_len", 1)
+        self.epoch_len = epoch_len
         # one reader's plan: checks sampling and epoch_len now, not in a task
-        self.plan = dataset._native.draw_plan(
-            self.seed,
-            self.epoch,
-            self.batch_size,
-            sampling=sampling,
-            epoch_len=epoch_len,
-            version=self.version,
-        )
-        self.epoch_len, self.blocks = self.plan.epoch_len, self.plan.blocks
+        plan = self.plan()
+        self.epoch_len, self.blocks = plan.epoch_len, plan.blocks
         frame = dataset.get_metadata() if self.version == dataset.version else None
         if frame is None:
             frame = pl.DataFrame(dataset._native.get_metadata(self.version))
         self.schema = _arrow(frame.head(0), []).schema
+
+    def plan(self, start_block: int = 0) -> Any:
+        """The engine's plan of this epoch for one reader (made where it is
+        used: native objects do not travel with the read tasks)."""
+        return self.dataset._native.draw_plan(
+            self.seed,
+            self.epoch,
+            self.batch_size,
+            sampling=self.sampling,
+            epoch_len=self.epoch_len,
+            version=self.version,
+            start_block=start_block,
+        )
 
     def get_name(self) -> str:
         return "DatasetRT"
@@ -103,13 +110,14 @@ class DrawsDatasource(Datasource):
         per_task_row_limit: int | None = None,
         data_context: Any = None,
     ) -> list[ReadTask]:
+        plan = self.plan()
         tasks = max(1, min(parallelism, self.blocks))
         bounds = [self.blocks * i // tasks for i in range(tasks + 1)]
         out = []
         for first, end in itertools.pairwise(bounds):
             if first == end:
                 continue
-            rows = self.plan.block_range(end - 1)[1] - self.plan.block_range(first)[0]
+            rows = plan.block_range(end - 1)[1] - plan.block_range(first)[0]
             meta = BlockMetadata(num_rows=rows, size_bytes=None, input_files=None, exec_stats=None)
             out.append(
                 ReadTask(
@@ -140,15 +148,7 @@ class _ReadRange:
             else pl.DataFrame(dataset._native.get_metadata(src.version))
         )
         count = self.end - self.first
-        plan = dataset._native.draw_plan(
-            src.seed,
-            src.epoch,
-            src.batch_size,
-            sampling=src.sampling,
-            epoch_len=src.epoch_len,
-            version=src.version,
-            start_block=self.first,
-        )
+        plan = src.plan(start_block=self.first)
         loader = dataset._native.loader(
             plan,
             prefetch_bytes=src.prefetch_bytes,
@@ -160,8 +160,9 @@ class _ReadRange:
         size = 0
         try:
             for _ in range(count):
-                batch_rows, _cids, _sids, data = next(loader)
-                rows += batch_rows
+                batch = next(loader)
+                rows += batch.rows()
+                data = batch.data()
                 datas += data
                 size += sum(map(len, data))
                 if size >= BLOCK_BYTES:
@@ -337,8 +338,7 @@ def build_ray(
     they are opened without running the Ray dataset** (their cache ids stay
     the same); a changed preprocessing needs a new name or root.
     """
-    from . import _native
-    from .dataset import Dataset
+    from . import Dataset, _native
 
     if not isinstance(name, str):
         raise InvalidInputError(f"name must be a str, got {name!r}")

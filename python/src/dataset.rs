@@ -6,13 +6,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use std::time::Duration;
 
-use arrow::array::{AsArray, RecordBatch, UInt32Array};
-use arrow::datatypes::{DataType, Field, Int64Type, Schema, UInt32Type};
+use arrow::array::{RecordBatch, UInt32Array};
+use arrow::datatypes::{DataType, Field, Schema};
 use datasetrt::catalog::Snapshot;
 use datasetrt::load::{Loader, Prefetch};
 use datasetrt::query::QuerySession;
 use datasetrt::sample::{DrawPlan, Sampling};
 use datasetrt::store::remote::{self, Remote, RemoteOptions};
+use datasetrt::store::CacheSet;
 use datasetrt::{Dataset, OpenOptions};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -20,6 +21,7 @@ use pyo3_arrow::input::AnyRecordBatch;
 use pyo3_arrow::PyTable;
 
 use crate::arrow_in::collect;
+use crate::batch::{PyBatch, ShardMaps};
 use crate::draws::{state_from_py, PyDrawPlan};
 use crate::error::{invalid, IntoPyResult};
 use crate::runtime::{detach, runtime, wait};
@@ -555,6 +557,8 @@ impl PyDataset {
         .py()?;
         Ok(PyLoader {
             inner: Mutex::new(loader),
+            caches: self.inner.cache_set(),
+            maps: Arc::default(),
             plan: PyDrawPlan {
                 plan: plan.plan.clone(),
                 snapshot: plan.snapshot.clone(),
@@ -564,16 +568,17 @@ impl PyDataset {
     }
 }
 
-/// Yields `(rows, cache_ids, sample_ids, payloads)` per batch.
+/// Yields one [`PyBatch`] per batch.
 #[pyclass(frozen, module = "datasetrt._native", name = "Loader")]
 pub struct PyLoader {
     inner: Mutex<Loader>,
+    caches: CacheSet,
+    /// The shards this loader's batches map for Python (memoryviews).
+    maps: Arc<ShardMaps>,
     plan: PyDrawPlan,
     /// Batches handed to Python so far.
     delivered: AtomicU64,
 }
-
-type NativeBatch<'py> = (Vec<u32>, Vec<i64>, Vec<i64>, Bound<'py, PyList>);
 
 #[pymethods]
 impl PyLoader {
@@ -587,7 +592,7 @@ impl PyLoader {
         slf
     }
 
-    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<NativeBatch<'py>>> {
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
         let rt = runtime()?;
         let next = loop {
             // The loader is locked only without the GIL and released before
@@ -608,16 +613,13 @@ impl PyLoader {
         let Some(next) = next else { return Ok(None) };
         let loaded = next.py()?;
         self.delivered.fetch_add(1, Ordering::Relaxed);
-        let b = &loaded.batch;
-        let rows = b.column(1).as_primitive::<UInt32Type>().values().to_vec();
-        let cache_ids = b.column(2).as_primitive::<Int64Type>().values().to_vec();
-        let sample_ids = b.column(3).as_primitive::<Int64Type>().values().to_vec();
-        let data = b.column(4).as_binary_view();
-        let list = PyList::empty(py);
-        for v in data.iter() {
-            list.append(PyBytes::new(py, v.unwrap_or_default()))?;
-        }
-        Ok(Some((rows, cache_ids, sample_ids, list)))
+        // the read-ahead budget is released here: Python holds mapped
+        // shards (raw records) and the decoded buffers, not the budget
+        Ok(Some(PyBatch {
+            batch: loaded.batch.clone(),
+            caches: self.caches.clone(),
+            maps: self.maps.clone(),
+        }))
     }
 
     /// The loader's physical plan, as EXPLAIN shows it.

@@ -2,6 +2,7 @@
 //! GIL handling only; all logic lives in `datasetrt-engine`.
 
 mod arrow_in;
+mod batch;
 mod dataset;
 mod draws;
 mod error;
@@ -31,6 +32,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dataset::PyDataset>()?;
     m.add_class::<dataset::PyLoader>()?;
     m.add_class::<draws::PyDrawPlan>()?;
+    m.add_class::<batch::PyBatch>()?;
     m.add_class::<writer::PyCacheWriter>()?;
     m.add_class::<ffi::PyTableProvider>()?;
     m.add("RESERVED_COLUMNS", datasetrt::store::RESERVED_COLUMNS)?;

@@ -119,7 +119,7 @@ def build(
     for name, source in zip(names, sources, strict=True):
         if name in published:
             continue
-        if not (local / name / "MANIFEST").is_file():
+        if not _native.is_cache_dir(local / name):
             write_source(
                 local,
                 name,

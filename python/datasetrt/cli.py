@@ -29,6 +29,7 @@ from typing import Any
 
 import polars as pl
 
+from . import _native
 from . import open as open_dataset
 from .dataset import Dataset
 from .exceptions import CorruptCacheError, DatasetRTError
@@ -222,7 +223,8 @@ def verify_report(path: str, snapshot_dir: str | None, progress: bool) -> pl.Dat
     except CorruptCacheError as exc:
         problems = [_problem(exc)]
         bad = getattr(exc, "path", None)
-    caches = [p.parent for p in sorted(Path(path).glob("*/MANIFEST"))] or [Path(path)]
+    below = sorted(Path(path).iterdir()) if Path(path).is_dir() else []
+    caches = [p for p in below if _native.is_cache_dir(p)] or [Path(path)]
     for cache in caches:
         if bad is not None and Path(bad).is_relative_to(cache):
             continue  # reported above

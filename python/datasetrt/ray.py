@@ -33,6 +33,7 @@ import ray
 from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 
+from . import _native
 from ._build import CHUNK_BYTES, CHUNK_RECORDS, RESERVED
 from ._state import MAX_DRAWS, check_epoch, check_int, check_seed
 from .exceptions import InvalidInputError
@@ -256,7 +257,6 @@ def _write_part(
     threads: int | None,
 ) -> dict[str, Any]:
     """Publish one block as cache ``root/name`` (runs in a Ray task)."""
-    from . import _native
     from ._arrow import arrow_stream
 
     column = table.column(data_column)
@@ -307,7 +307,7 @@ def _published_parts(root: Path, name: str) -> dict[int, list[str]]:
         rest = entry.name[len(prefix) :] if entry.name.startswith(prefix) else ""
         index, of, parts = rest.partition("-of-")
         if of and index.isdigit() and parts.isdigit() and len(index) == len(parts) == 5:
-            if (entry / "MANIFEST").is_file():
+            if _native.is_cache_dir(entry):
                 found.setdefault(int(parts), []).append(entry.name)
     return found
 
@@ -338,7 +338,7 @@ def build_ray(
     they are opened without running the Ray dataset** (their cache ids stay
     the same); a changed preprocessing needs a new name or root.
     """
-    from . import Dataset, _native
+    from . import Dataset
 
     if not isinstance(name, str):
         raise InvalidInputError(f"name must be a str, got {name!r}")

@@ -26,6 +26,12 @@ fn check_column_name(name: &str) -> PyResult<()> {
     datasetrt::store::check_column_name(name).py()
 }
 
+/// Whether `path` is a published cache (the engine's rule: it has a MANIFEST).
+#[pyfunction]
+fn is_cache_dir(path: std::path::PathBuf) -> bool {
+    datasetrt::store::Cache::is_cache_dir(&path)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -39,6 +45,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PAYLOAD_COLUMNS", datasetrt::store::PAYLOAD_COLUMNS)?;
     m.add_function(wrap_pyfunction!(check_source_name, m)?)?;
     m.add_function(wrap_pyfunction!(check_column_name, m)?)?;
+    m.add_function(wrap_pyfunction!(is_cache_dir, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::replica_root, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::remote_caches, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::publish_remote, m)?)?;

@@ -7,15 +7,18 @@ the second pass excluding startup and the first batch, median of 5 trials.
 
 Measured in the same run:
 - the floor: a plain Python loop hashing the same payloads held in a list;
-- our `Dataset.iter`, `Dataset.loader`, and a torch DataLoader with 0/1/2/4
-  workers (hashing in the workers, as a transform would);
+- our `Dataset.iter`, `Dataset.loader` (payloads as `bytes`, and as
+  `Batch.views`: memoryviews over the mapped shard, no copy), and a torch
+  DataLoader with 0/1/2/4 workers (hashing in the workers, as a transform
+  would);
 - the peer `dataset-rt` (PyPI), when its virtualenv exists, in its own process
   (tests/bench/peer_dataset_rt.py);
 - per-sample overhead on 16-byte payloads, `get_item` latency, time to the
   first batch after `open`, peak RSS, and per-worker USS at 1M and 10M
   metadata rows.
 
-Targets (issue 3): loader with 0 workers >= 0.85x the floor; 16-byte payloads
+Targets (issue 3): loader with 0 workers >= 0.85x the floor (issue 13: the
+loader through `views` >= 0.95x); 16-byte payloads
 >= 1,000,000 samples/s through the loader and >= 300,000 through iter;
 get_item p50 <= 5 us; first batch <= 50 ms after open; per-worker USS beyond
 the imports <= 5 MiB, the same at 1M and 10M rows.
@@ -123,6 +126,14 @@ def loader_pass(ds: drt.Dataset, epoch: int, batch: int = BATCH, hash_it: bool =
         if hash_it:
             for d in b.data:
                 hashlib.blake2b(d).digest()
+        yield len(b)
+
+
+def views_pass(ds: drt.Dataset, epoch: int):
+    """The loader, reading payloads through ``Batch.views`` (no copy)."""
+    for b in ds.loader(batch_size=BATCH, seed=1, epoch=epoch):
+        for d in b.views:
+            hashlib.blake2b(d).digest()
         yield len(b)
 
 
@@ -243,6 +254,12 @@ def main() -> None:
         line("dataset-rt native iterator", peer_rate, floor, peer_rate)
     line("datasetrt iter", steady(args.trials, lambda: iter_pass(ds, 1)), floor, peer_rate)
     line("datasetrt loader", steady(args.trials, lambda: loader_pass(ds, 1)), floor, peer_rate)
+    views = steady(args.trials, lambda: views_pass(ds, 1))
+    line("datasetrt loader, views", views, floor, peer_rate)
+    print(
+        f"  target (issue 13): loader through views >= 0.95x the floor: "
+        f"{'met' if views >= 0.95 * floor else 'MISSED'} ({views / floor:.2f}x)"
+    )
     try:
         import torch  # noqa: F401
 

@@ -593,22 +593,16 @@ impl PyLoader {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
-        let rt = runtime()?;
-        let next = loop {
-            // The loader is locked only without the GIL and released before
-            // the GIL is taken back, so another thread calling `metrics()`
-            // (with the GIL) waits at most one slice instead of deadlocking.
-            let polled = py.detach(|| {
-                let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-                let loader: &mut Loader = &mut guard;
-                rt.block_on(async {
-                    tokio::time::timeout(Duration::from_millis(50), loader.next()).await
-                })
-            });
-            match polled {
-                Ok(next) => break next,
-                Err(_elapsed) => py.check_signals()?,
-            }
+        // Mostly the read-ahead has the batch ready: take it without
+        // releasing the GIL or entering the runtime (`try_lock`: a thread
+        // waiting in the slow path below holds the lock without the GIL).
+        let ready = match self.inner.try_lock() {
+            Ok(mut guard) => guard.ready(),
+            Err(_) => std::task::Poll::Pending,
+        };
+        let next = match ready {
+            std::task::Poll::Ready(next) => next,
+            std::task::Poll::Pending => self.wait_next(py)?,
         };
         let Some(next) = next else { return Ok(None) };
         let loaded = next.py()?;
@@ -636,6 +630,33 @@ impl PyLoader {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .metrics()
+    }
+}
+
+impl PyLoader {
+    /// Wait for the next batch without the GIL, checking for Ctrl-C.
+    fn wait_next(
+        &self,
+        py: Python<'_>,
+    ) -> PyResult<Option<datasetrt::Result<datasetrt::load::LoadedBatch>>> {
+        let rt = runtime()?;
+        let next = loop {
+            // The loader is locked only without the GIL and released before
+            // the GIL is taken back, so another thread calling `metrics()`
+            // (with the GIL) waits at most one slice instead of deadlocking.
+            let polled = py.detach(|| {
+                let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                let loader: &mut Loader = &mut guard;
+                rt.block_on(async {
+                    tokio::time::timeout(Duration::from_millis(50), loader.next()).await
+                })
+            });
+            match polled {
+                Ok(next) => break next,
+                Err(_elapsed) => py.check_signals()?,
+            }
+        };
+        Ok(next)
     }
 }
 

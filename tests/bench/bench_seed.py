@@ -123,8 +123,8 @@ def main() -> None:
             print(f"\n-- {rows:,} metadata rows (snapshot {ds.version}) --")
             target = rows == 10_000_000
 
-            meta = pl.DataFrame(ds._native.metadata())
-            ours = timed(lambda: pl.DataFrame(ds._native.metadata()), args.repeat)
+            meta = pl.DataFrame(ds._native.get_metadata())
+            ours = timed(lambda: pl.DataFrame(ds._native.get_metadata()), args.repeat)
             path = root / "meta.arrow"
             meta.write_ipc(path)
             base = timed(lambda p=path: pl.read_ipc(p), args.repeat)

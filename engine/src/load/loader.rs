@@ -143,6 +143,17 @@ impl Loader {
         self.rx.recv().await
     }
 
+    /// The next batch if the read-ahead has it ready (`Poll::Pending` if
+    /// not): the common case, answered without entering the runtime.
+    pub fn ready(&mut self) -> std::task::Poll<Option<Result<LoadedBatch>>> {
+        use tokio::sync::mpsc::error::TryRecvError;
+        match self.rx.try_recv() {
+            Ok(item) => std::task::Poll::Ready(Some(item)),
+            Err(TryRecvError::Disconnected) => std::task::Poll::Ready(None),
+            Err(TryRecvError::Empty) => std::task::Poll::Pending,
+        }
+    }
+
     /// The plan as `EXPLAIN` shows it.
     pub fn explain(&self) -> String {
         displayable(self.plan.as_ref()).indent(true).to_string()

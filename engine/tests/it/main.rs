@@ -1,6 +1,7 @@
 mod catalog;
 mod fuzz;
 mod layers;
+mod load;
 mod props;
 mod query;
 mod rules;

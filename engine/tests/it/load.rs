@@ -1,0 +1,86 @@
+//! Loader states from Rust: the same states and checks Python gets.
+
+use datasetrt::load::LoaderState;
+use datasetrt::sample::{DrawPlan, Sampling};
+use datasetrt::store::WriterOptions;
+use datasetrt::{Dataset, Error, OpenOptions};
+
+use crate::store::write_cache;
+
+fn reader(batch_size: usize, world_size: u32, rank: u32) -> DrawPlan {
+    DrawPlan {
+        sampling: Sampling::Permutation,
+        seed: 7,
+        epoch: 2,
+        epoch_len: 50,
+        batch_size,
+        start_block: 0,
+        drop_last: false,
+        rank,
+        world_size,
+        worker: 0,
+        num_workers: 1,
+    }
+}
+
+#[test]
+fn a_state_resumes_the_rest_of_its_sequence_on_any_reader_count() {
+    let dir = tempfile::tempdir().unwrap();
+    write_cache(dir.path(), "l", 50, WriterOptions::default());
+    let ds = Dataset::open(&[dir.path().to_path_buf()], OpenOptions::default()).unwrap();
+    let snapshot = ds.snapshot();
+    // two ranks in lockstep delivered 3 batches each: 6 blocks of 5 draws
+    let state = LoaderState::after(&reader(5, 2, 1), &snapshot, 3);
+    assert_eq!(state.position, 30);
+    assert_eq!(state.snapshot, snapshot.number());
+    // one reader continues at block 6, with the sequence of the state
+    let (at, plan) = state.resume(&ds, &reader(5, 1, 0)).unwrap();
+    assert_eq!(at.number(), snapshot.number());
+    assert_eq!((plan.start_block, plan.seed, plan.epoch), (6, 7, 2));
+    assert_eq!(
+        plan.my_blocks().collect::<Vec<_>>(),
+        (6..10).collect::<Vec<_>>()
+    );
+    // after the last batch the state is at the end: nothing is left
+    let done = LoaderState::after(&reader(5, 1, 0), &snapshot, 10);
+    let (_, plan) = done.resume(&ds, &reader(5, 1, 0)).unwrap();
+    assert_eq!(plan.batches(), 0);
+}
+
+#[test]
+fn a_state_that_no_longer_matches_is_refused_naming_why() {
+    let dir = tempfile::tempdir().unwrap();
+    write_cache(dir.path(), "l", 50, WriterOptions::default());
+    let ds = Dataset::open(&[dir.path().to_path_buf()], OpenOptions::default()).unwrap();
+    let state = LoaderState::after(&reader(5, 1, 0), &ds.snapshot(), 3);
+    let refused = |s: LoaderState, batch_size: usize, needle: &str| {
+        let err = s.resume(&ds, &reader(batch_size, 1, 0)).unwrap_err();
+        assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
+        assert!(err.to_string().contains(needle), "{err}");
+    };
+    refused(
+        LoaderState {
+            fingerprint: "0".repeat(32),
+            ..state.clone()
+        },
+        5,
+        "fingerprint",
+    );
+    refused(
+        LoaderState {
+            snapshot: 99,
+            ..state.clone()
+        },
+        5,
+        "snapshot 99",
+    );
+    refused(state.clone(), 4, "multiple of batch_size 4");
+    refused(
+        LoaderState {
+            epoch_len: 0,
+            ..state
+        },
+        5,
+        "epoch_len",
+    );
+}

@@ -145,3 +145,8 @@ def test_a_tampered_loader_state_is_invalid_input(ds):
     del broken["fingerprint"]
     with pytest.raises(InvalidInputError, match="lacks"):
         ds.loader(8, resume=broken)
+    # a position past the end leaves nothing to read, on any reader: never
+    # an arithmetic wrap that starts the epoch over
+    end = {**ds.loader(1, seed=1).state_dict(), "position": 2**64 - 1}
+    for rank in (0, 1):
+        assert list(ds.loader(1, resume=end, rank=rank, world_size=2)) == []

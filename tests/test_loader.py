@@ -246,3 +246,18 @@ def test_a_batch_is_handed_over_as_arrow_and_raw_payloads_without_a_copy(tmp_pat
         # a view over the shard is a slice of a memory map (its `obj`), not of bytes
         assert all(isinstance(v.obj, mmap.mmap) == mapped for v in views)
         del batch, views  # the views keep their mapping alive, not the loader
+
+
+def test_a_batch_pickles_with_its_rows_identities_payloads_and_metadata(two_caches):
+    """A transform may hand the Batch itself to a DataLoader's main process."""
+    ds, _, _ = two_caches
+    batch = next(iter(ds.loader(batch_size=8, seed=2)))
+    again = pickle.loads(pickle.dumps(batch))
+    assert (again.rows, again.cache_id, again.sample_id) == (
+        batch.rows,
+        batch.cache_id,
+        batch.sample_id,
+    )
+    assert again.data == batch.data and [bytes(v) for v in again.views] == batch.data
+    assert again.metadata.equals(batch.metadata)
+    assert again.to_arrow()["data"].to_list() == batch.data

@@ -177,6 +177,12 @@ impl From<DataFusionError> for Error {
             },
             DataFusionError::ArrowError(inner, _) => Error::from(*inner),
             DataFusionError::Context(_, inner) => Error::from(*inner),
+            // a hash join's build side hands its error to every partition:
+            // ours when this is the last holder, else DataFusion's
+            DataFusionError::Shared(inner) => match std::sync::Arc::try_unwrap(inner) {
+                Ok(owned) => Error::from(owned),
+                Err(shared) => Error::DataFusion(DataFusionError::Shared(shared)),
+            },
             DataFusionError::Internal(msg) => Error::Internal(msg),
             DataFusionError::ExecutionJoin(e) => Error::Internal(format!("a task failed: {e}")),
             other => Error::DataFusion(other),

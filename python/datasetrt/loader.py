@@ -61,6 +61,48 @@ class Sample(HtmlRepr):
         return _html.sample(self)
 
 
+class _Lists:
+    """What a :class:`Batch` holds once pickled (sent to a DataLoader's main
+    process, say): its columns as lists, no mapping."""
+
+    __slots__ = ("_cache_id", "_data", "_rows", "_sample_id")
+
+    def __init__(self, rows: list[int], cache_id: list[int], sample_id: list[int], data: list):
+        self._rows, self._cache_id, self._sample_id, self._data = rows, cache_id, sample_id, data
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def rows(self) -> list[int]:
+        return self._rows
+
+    def cache_id(self) -> list[int]:
+        return self._cache_id
+
+    def sample_id(self) -> list[int]:
+        return self._sample_id
+
+    def data(self) -> list[bytes]:
+        return self._data
+
+    def views(self) -> list[memoryview]:
+        return [memoryview(d) for d in self._data]
+
+    def to_arrow(self) -> pl.DataFrame:
+        return pl.DataFrame(
+            {
+                "row": pl.Series(self._rows, dtype=pl.UInt32),
+                "cache_id": pl.Series(self._cache_id, dtype=pl.Int64),
+                "sample_id": pl.Series(self._sample_id, dtype=pl.Int64),
+                "data": pl.Series(self._data, dtype=pl.Binary),
+            }
+        )
+
+
+def _unpickle_batch(rows, cache_id, sample_id, data, frame) -> Batch:
+    return Batch(_Lists(rows, cache_id, sample_id, data), frame)
+
+
 class Batch(HtmlRepr):
     """One batch from a loader, handed over as the Arrow record batch the
     engine produced (columns ``draw``, ``row``, ``cache_id``, ``sample_id``,
@@ -90,6 +132,12 @@ class Batch(HtmlRepr):
 
     def __len__(self) -> int:
         return len(self._native)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # the lists travel; the mapping does not (``to_arrow`` then gives a
+        # polars DataFrame of row, identity and data)
+        columns = (self.rows, self.cache_id, self.sample_id, self.data, self._frame)
+        return _unpickle_batch, columns
 
     @property
     def rows(self) -> list[int]:

@@ -18,34 +18,57 @@ use pyo3_arrow::PyRecordBatch;
 
 use crate::error::IntoPyResult;
 
-/// Python `mmap` objects over shard files, opened once per loader: a
-/// memoryview slice of one keeps it (and so the mapping) alive.
+/// Memoryviews over whole shard files, made once per loader: a slice of
+/// one keeps its `mmap` (and so the mapping) alive after the loader is gone.
+/// At most `MAX_MAPS` are kept (each holds a file descriptor); more are
+/// made again when needed.
 #[derive(Default)]
 pub struct ShardMaps {
-    maps: Mutex<HashMap<PathBuf, Py<PyAny>>>,
+    maps: Mutex<HashMap<PathBuf, Option<Py<PyAny>>>>,
 }
 
+const MAX_MAPS: usize = 64;
+
 impl ShardMaps {
-    fn get<'py>(&self, py: Python<'py>, path: &std::path::Path) -> PyResult<Bound<'py, PyAny>> {
-        let mut maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(m) = maps.get(path) {
-            return Ok(m.bind(py).clone());
+    /// A memoryview over the shard at `path`, `None` when the file no longer
+    /// has the length the engine mapped (replaced or truncated since): its
+    /// records are then copied from the engine's mapping instead.
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        path: &std::path::Path,
+        len: u64,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        // the lock is never held across a Python call (mmap() releases the GIL)
+        let known = {
+            let maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+            maps.get(path).map(|m| m.as_ref().map(|m| m.clone_ref(py)))
+        };
+        if let Some(found) = known {
+            return Ok(found.map(|m| m.into_bound(py)));
         }
-        let file = File::open(path)
-            .map_err(|source| datasetrt::Error::Io {
-                path: path.to_path_buf(),
-                source,
-            })
-            .py()?;
-        let mmap = py.import("mmap")?;
-        let kwargs = PyDict::new(py);
-        kwargs.set_item("access", mmap.getattr("ACCESS_READ")?)?;
-        // mmap duplicates the descriptor: the file may close after this
-        let m = mmap
-            .getattr("mmap")?
-            .call((file.as_raw_fd(), 0), Some(&kwargs))?;
-        maps.insert(path.to_path_buf(), m.clone().unbind());
-        Ok(m)
+        let made = match File::open(path) {
+            Ok(file) if file.metadata().is_ok_and(|m| m.len() == len) => {
+                let mmap = py.import("mmap")?;
+                let kwargs = PyDict::new(py);
+                kwargs.set_item("access", mmap.getattr("ACCESS_READ")?)?;
+                // mmap duplicates the descriptor: the file may close after this
+                let m = mmap
+                    .getattr("mmap")?
+                    .call((file.as_raw_fd(), 0), Some(&kwargs))?;
+                Some(PyMemoryView::from(&m)?.into_any())
+            }
+            _ => None,
+        };
+        let mut maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+        if maps.len() >= MAX_MAPS {
+            maps.clear();
+        }
+        maps.insert(
+            path.to_path_buf(),
+            made.as_ref().map(|m| m.clone().unbind()),
+        );
+        Ok(made)
     }
 }
 
@@ -114,11 +137,15 @@ impl PyBatch {
                     hint = at;
                     let cache = &self.caches[at];
                     let entry = cache.entry(sample_ids[i] as u64).py()?;
-                    if let Some((path, offset)) = cache.raw_location(&entry) {
-                        let whole = PyMemoryView::from(&self.maps.get(py, path)?)?;
-                        let slice =
-                            PySlice::new(py, offset as isize, offset as isize + len as isize, 1);
-                        view = Some(whole.get_item(slice)?);
+                    if let Some((path, shard_len, offset)) = cache.raw_location(&entry) {
+                        if let Some(whole) = self.maps.get(py, path, shard_len)? {
+                            let (start, end) = (offset as isize, (offset as usize + len) as isize);
+                            let slice = whole.get_item(PySlice::new(py, start, end, 1))?;
+                            // the engine verified these bytes; the slice must be them
+                            if slice.len()? == len {
+                                view = Some(slice);
+                            }
+                        }
                     }
                 }
             }

@@ -53,6 +53,8 @@ pub struct Loader {
     plan: Arc<dyn ExecutionPlan>,
     rx: mpsc::Receiver<Result<LoadedBatch>>,
     task: JoinHandle<()>,
+    /// `task` was awaited (after the channel closed).
+    joined: bool,
     /// Fetches remote records ahead of `task` (remote caches only).
     prefetch: Option<JoinHandle<()>>,
 }
@@ -134,13 +136,31 @@ impl Loader {
             plan,
             rx,
             task,
+            joined: false,
             prefetch: fetcher,
         })
     }
 
     /// The next batch, `None` at the end of this reader's share of the epoch.
     pub async fn next(&mut self) -> Option<Result<LoadedBatch>> {
-        self.rx.recv().await
+        match self.rx.recv().await {
+            Some(item) => Some(item),
+            None => self.ended().await,
+        }
+    }
+
+    /// The channel closed: the end of the epoch if the task finished, an
+    /// internal error if it panicked (never a silently short epoch).
+    async fn ended(&mut self) -> Option<Result<LoadedBatch>> {
+        if std::mem::replace(&mut self.joined, true) {
+            return None; // a finished task is not polled twice
+        }
+        match (&mut self.task).await {
+            Err(e) if e.is_panic() => Some(Err(Error::internal(format!(
+                "the loader task panicked: {e}"
+            )))),
+            _ => None,
+        }
     }
 
     /// The next batch if the read-ahead has it ready (`Poll::Pending` if
@@ -149,7 +169,12 @@ impl Loader {
         use tokio::sync::mpsc::error::TryRecvError;
         match self.rx.try_recv() {
             Ok(item) => std::task::Poll::Ready(Some(item)),
-            Err(TryRecvError::Disconnected) => std::task::Poll::Ready(None),
+            Err(TryRecvError::Disconnected) if !self.task.is_finished() => std::task::Poll::Pending,
+            Err(TryRecvError::Disconnected) => match futures::FutureExt::now_or_never(self.ended())
+            {
+                Some(end) => std::task::Poll::Ready(end),
+                None => std::task::Poll::Pending,
+            },
             Err(TryRecvError::Empty) => std::task::Poll::Pending,
         }
     }

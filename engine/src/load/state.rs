@@ -66,6 +66,7 @@ impl LoaderState {
                 snapshot.fingerprint()
             )));
         }
+        reader.validate()?;
         let mut plan = DrawPlan {
             sampling: self.sampling,
             seed: self.seed,

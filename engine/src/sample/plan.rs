@@ -90,14 +90,15 @@ impl DrawPlan {
     pub fn my_blocks(&self) -> impl Iterator<Item = u64> + Send + 'static {
         let stride = self.world_size as u64 * self.num_workers as u64;
         let mine = self.rank as u64 + self.world_size as u64 * self.worker as u64;
-        (self.start_block + mine..self.blocks()).step_by(stride as usize)
+        (self.start_block.saturating_add(mine)..self.blocks()).step_by(stride as usize)
     }
 
     /// Batches this reader delivers: the length of [`DrawPlan::my_blocks`].
     pub fn batches(&self) -> u64 {
         let stride = self.world_size as u64 * self.num_workers as u64;
-        let first =
-            self.start_block + self.rank as u64 + self.world_size as u64 * self.worker as u64;
+        let first = self
+            .start_block
+            .saturating_add(self.rank as u64 + self.world_size as u64 * self.worker as u64);
         self.blocks().saturating_sub(first).div_ceil(stride)
     }
 
@@ -142,7 +143,11 @@ impl DrawPlan {
     /// Draw positions `start..end` of block `b`.
     pub fn block_range(&self, b: u64) -> (u64, u64) {
         let bs = self.batch_size as u64;
-        (b * bs, ((b + 1) * bs).min(self.total_draws()))
+        let total = self.total_draws();
+        (
+            b.saturating_mul(bs).min(total),
+            b.saturating_add(1).saturating_mul(bs).min(total),
+        )
     }
 }
 

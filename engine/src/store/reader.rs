@@ -233,16 +233,17 @@ impl Cache {
     }
 
     /// Where record `e`'s bytes lie as they are, for a reader that maps the
-    /// shard itself: `(shard file, offset)` when the record is stored raw
-    /// (no codec) in a file read in place (a local cache or a whole
-    /// replica), `None` otherwise. Only valid once the record was read
-    /// through [`Cache::stored`], which verifies it (and fetches it into a
-    /// replica).
-    pub fn raw_location(&self, e: &IndexEntry) -> Option<(&Path, u64)> {
+    /// shard itself: `(shard file, its length as this cache mapped it,
+    /// offset)` when the record is stored raw (no codec) in a file read in
+    /// place (a local cache or a whole replica), `None` otherwise. Only valid
+    /// once the record was read through [`Cache::stored`], which verifies it
+    /// (and fetches it into a replica); a reader must check that the file it
+    /// maps still has that length.
+    pub fn raw_location(&self, e: &IndexEntry) -> Option<(&Path, u64, u64)> {
         let in_place = self.replica.as_ref().is_none_or(|r| r.whole());
         let raw = e.codec == super::Codec::None && e.stored_len == e.raw_len;
-        let (path, _) = self.shards.get(e.shard as usize)?;
-        (in_place && raw).then_some((path.as_path(), e.offset))
+        let (path, shard) = self.shards.get(e.shard as usize)?;
+        (in_place && raw).then_some((path.as_path(), shard.len() as u64, e.offset))
     }
 
     /// Append the decoded bytes of record `sample_id` to `out`, verifying its

@@ -138,7 +138,7 @@ impl ExecutionPlan for SampleExec {
         Ok(Arc::new(
             Statistics::new_unknown(&draws_schema())
                 .with_num_rows(Precision::Exact(rows))
-                .with_total_byte_size(Precision::Exact(rows * 28)),
+                .with_total_byte_size(Precision::Inexact(rows * 28)),
         ))
     }
 

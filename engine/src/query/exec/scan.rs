@@ -32,6 +32,10 @@ use crate::Error;
 /// Rows per batch of a full `payloads` scan.
 const SCAN_BATCH: usize = 8192;
 
+/// Payload bytes per batch when `data` is read: every partition decodes one
+/// chunk at a time, so this bounds the scan's memory per partition.
+const SCAN_BYTES: u64 = 64 << 20;
+
 pub(crate) fn schema_of(columns: &[PayloadColumn]) -> SchemaRef {
     Arc::new(Schema::new(
         columns.iter().map(|c| c.field()).collect::<Vec<_>>(),
@@ -62,12 +66,22 @@ impl PayloadScanExec {
         let end = limit.map_or(total, |l| (l as u64).min(total));
         let mut chunks = Vec::new();
         let mut seen = 0u64;
+        let reads_data = columns.contains(&PayloadColumn::Data);
         for (pos, cache) in caches.iter().enumerate() {
+            // decoded bytes per record: the stored mean, four times that compressed
+            let stored = cache.manifest().shard_bytes.iter().sum::<u64>() / cache.records().max(1);
+            let decoded = if cache.manifest().codec == crate::store::Codec::None {
+                stored
+            } else {
+                stored * 4
+            };
+            let per_chunk = match reads_data {
+                true => (SCAN_BYTES / decoded.max(1)).clamp(1, SCAN_BATCH as u64),
+                false => SCAN_BATCH as u64,
+            };
             let mut start = 0u64;
             while start < cache.records() && seen < end {
-                let n = (cache.records() - start)
-                    .min(SCAN_BATCH as u64)
-                    .min(end - seen);
+                let n = (cache.records() - start).min(per_chunk).min(end - seen);
                 chunks.push((pos, start, n));
                 start += n;
                 seen += n;

@@ -138,7 +138,13 @@ def test_a_metadata_column_named_like_a_payloads_column_is_refused(tmp_path, ds,
 
 def test_a_tampered_loader_state_is_invalid_input(ds):
     state = ds.loader(8, seed=1).state_dict()
-    for key, value in [("position", -64), ("position", 2**70), ("snapshot", -1), ("epoch_len", 0)]:
+    for key, value in [
+        ("position", -64),
+        ("position", 2**70),
+        ("snapshot", -1),
+        ("epoch_len", 0),
+        ("version", 2),  # a state layout this build does not know
+    ]:
         with pytest.raises(InvalidInputError):
             ds.loader(8, resume={**state, key: value})
     broken = dict(state)

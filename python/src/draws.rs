@@ -16,6 +16,9 @@ use crate::error::{invalid, IntoPyResult};
 /// The `format` key of every loader state.
 pub const STATE_FORMAT: &str = "datasetrt-loader-state";
 
+/// The layout of the state dict this build writes and reads.
+const STATE_VERSION: u64 = 1;
+
 /// The keys a state must have (`batch_size` is informational).
 const STATE_KEYS: [&str; 7] = [
     "epoch",
@@ -108,7 +111,7 @@ impl PyDrawPlan {
 pub fn state_to_py<'py>(py: Python<'py>, state: &LoaderState) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("format", STATE_FORMAT)?;
-    d.set_item("version", 1)?;
+    d.set_item("version", STATE_VERSION)?;
     d.set_item("seed", state.seed)?;
     d.set_item("epoch", state.epoch)?;
     d.set_item("sampling", state.sampling.name())?;
@@ -134,6 +137,14 @@ pub fn state_from_py(obj: &Bound<'_, PyAny>) -> PyResult<LoaderState> {
     let format = dict.get_item("format")?;
     if !format.is_some_and(|f| f.extract::<String>().is_ok_and(|f| f == STATE_FORMAT)) {
         return Err(refuse());
+    }
+    if let Some(version) = dict.get_item("version")? {
+        if !version.extract::<u64>().is_ok_and(|v| v == STATE_VERSION) {
+            return Err(invalid(format!(
+                "the loader state has format version {version}; this build reads version \
+                 {STATE_VERSION}"
+            )));
+        }
     }
     let missing: Vec<&str> = STATE_KEYS
         .into_iter()

@@ -18,7 +18,7 @@ use pyo3_arrow::PyRecordBatch;
 
 use crate::error::IntoPyResult;
 
-/// Memoryviews over whole shard files, made once per loader: a slice of
+/// Memoryviews over whole shard files, made once per dataset: a slice of
 /// one keeps its `mmap` (and so the mapping) alive after the loader is gone.
 /// At most `MAX_MAPS` are kept (each holds a file descriptor); more are
 /// made again when needed.
@@ -27,7 +27,7 @@ pub struct ShardMaps {
     maps: Mutex<HashMap<PathBuf, Option<Py<PyAny>>>>,
 }
 
-const MAX_MAPS: usize = 64;
+const MAX_MAPS: usize = 256;
 
 impl ShardMaps {
     /// A memoryview over the shard at `path`, `None` when the file no longer

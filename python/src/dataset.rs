@@ -38,6 +38,10 @@ pub struct PyDataset {
     /// Serialises population changes (and the session's creation) so the SQL
     /// table follows the catalog.
     writes: Mutex<()>,
+    /// Shards mapped for Python's memoryviews (`Batch.views`), kept across
+    /// loaders as the engine keeps its own mappings: a shard's pages fault
+    /// in once per process, not once per epoch.
+    maps: Arc<ShardMaps>,
 }
 
 fn table(snapshot: &Snapshot) -> PyResult<PyTable> {
@@ -140,6 +144,7 @@ impl PyDataset {
             inner: Arc::new(inner),
             query: OnceLock::new(),
             writes: Mutex::new(()),
+            maps: Arc::default(),
         })
     }
 
@@ -558,7 +563,7 @@ impl PyDataset {
         Ok(PyLoader {
             inner: Mutex::new(loader),
             caches: self.inner.cache_set(),
-            maps: Arc::default(),
+            maps: self.maps.clone(),
             plan: PyDrawPlan {
                 plan: plan.plan.clone(),
                 snapshot: plan.snapshot.clone(),

@@ -94,3 +94,37 @@ async fn nodes_report_exact_statistics_tree_renderings_and_metrics() {
         "{take}"
     );
 }
+
+/// The payloads scan runs in partitions, each in (cache_id, sample_id)
+/// order: without ORDER BY the rows come in no fixed order, and an ORDER BY
+/// on the identity merges the partitions instead of sorting every row.
+#[tokio::test]
+async fn ordering_the_payloads_scan_by_identity_merges_its_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    write_cache(dir.path(), "o1", 300, WriterOptions::default());
+    write_cache(dir.path(), "o2", 200, WriterOptions::default());
+    let ds = Dataset::open(&[dir.path().to_path_buf()], OpenOptions::default()).unwrap();
+    let session = QuerySession::new(&ds.snapshot(), ds.cache_set()).unwrap();
+    let query = "SELECT cache_id, sample_id, raw_len FROM payloads ORDER BY cache_id, sample_id";
+    let (_, plan) = session.sql(&format!("EXPLAIN {query}")).await.unwrap();
+    let plan: String = plan
+        .iter()
+        .flat_map(|b| {
+            let text = b.column(1).as_string::<i32>();
+            (0..b.num_rows())
+                .map(|i| text.value(i).to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(!plan.contains("SortExec"), "{plan}");
+    let (_, rows) = session.sql(query).await.unwrap();
+    let (cids, sids) = (column(&rows, 0), column(&rows, 1));
+    let mut expected: Vec<(i64, i64)> = ds
+        .caches()
+        .iter()
+        .flat_map(|c| (0..c.records() as i64).map(move |s| (c.id(), s)))
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(cids.into_iter().zip(sids).collect::<Vec<_>>(), expected);
+}

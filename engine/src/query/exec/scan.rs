@@ -13,7 +13,10 @@ use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::Statistics;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{
+    EquivalenceProperties, Partitioning, PhysicalExpr, PhysicalSortExpr,
+};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
@@ -92,8 +95,27 @@ impl PayloadScanExec {
             Some(_) => 1,
             None => concurrency.min(chunks.len()).max(1),
         };
+        // Each partition delivers its chunks in (cache_id, sample_id) order
+        // (caches are sorted by id): an ORDER BY on them merges, not sorts.
+        let position = |c: PayloadColumn| columns.iter().position(|&x| x == c);
+        let ordering: Vec<PhysicalSortExpr> = match position(PayloadColumn::CacheId) {
+            Some(cid) => {
+                let mut keys = vec![cid];
+                keys.extend(position(PayloadColumn::SampleId));
+                keys.into_iter()
+                    .map(|i| {
+                        PhysicalSortExpr::new_default(Arc::new(Column::new(columns[i].name(), i)))
+                    })
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        let equivalence = match ordering.is_empty() {
+            true => EquivalenceProperties::new(schema_of(&columns)),
+            false => EquivalenceProperties::new_with_orderings(schema_of(&columns), [ordering]),
+        };
         let properties = PlanProperties::new(
-            EquivalenceProperties::new(schema_of(&columns)),
+            equivalence,
             Partitioning::UnknownPartitioning(partitions),
             EmissionType::Incremental,
             Boundedness::Bounded,

@@ -30,7 +30,6 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
-    ReplaceChildrenOptions,
 };
 use futures::StreamExt;
 
@@ -301,10 +300,10 @@ impl ExecutionPlan for PayloadTakeExec {
         Ok(TreeNodeRecursion::Continue)
     }
 
-    fn replace_children(
+    /// The default `replace_children` calls this, whatever its options.
+    fn with_new_children(
         self: Arc<Self>,
         mut children: Vec<Arc<dyn ExecutionPlan>>,
-        _options: ReplaceChildrenOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         if children.len() != 1 {
             return Err(DataFusionError::Internal(
@@ -319,18 +318,6 @@ impl ExecutionPlan for PayloadTakeExec {
             self.unmatched,
             self.concurrency,
         )?))
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        self.replace_children(
-            children,
-            ReplaceChildrenOptions::new(
-                datafusion::physical_plan::ChildrenPropertiesMode::Recompute,
-            ),
-        )
     }
 
     fn execute(

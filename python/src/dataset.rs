@@ -265,17 +265,12 @@ impl PyDataset {
         resume: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyDrawPlan> {
         let sampling = Sampling::parse(sampling).py()?;
-        let pinned = match resume {
-            Some(_) => None,
-            None => Some(self.pinned(version)?),
-        };
+        // this reader's share; a resume state replaces the sequence and start
         let reader = DrawPlan {
             sampling,
             seed,
             epoch,
-            epoch_len: pinned
-                .as_ref()
-                .map_or(1, |s| s.epoch_len(sampling, epoch_len)),
+            epoch_len: epoch_len.unwrap_or(1),
             batch_size,
             start_block,
             drop_last,
@@ -284,10 +279,19 @@ impl PyDataset {
             worker,
             num_workers,
         };
-        let (snapshot, plan) = match (pinned, resume) {
-            (Some(snapshot), _) => (snapshot, reader),
-            (None, Some(state)) => state_from_py(state)?.resume(&self.inner, &reader).py()?,
-            (None, None) => unreachable!("pinned unless resuming"),
+        let (snapshot, plan) = match resume {
+            Some(state) => state_from_py(state)?.resume(&self.inner, &reader).py()?,
+            None => {
+                let snapshot = self.pinned(version)?;
+                let epoch_len = snapshot.epoch_len(sampling, epoch_len);
+                (
+                    snapshot,
+                    DrawPlan {
+                        epoch_len,
+                        ..reader
+                    },
+                )
+            }
         };
         plan.validate().py()?;
         Ok(PyDrawPlan { plan, snapshot })

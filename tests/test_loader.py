@@ -248,6 +248,46 @@ def test_a_batch_is_handed_over_as_arrow_and_raw_payloads_without_a_copy(tmp_pat
         del batch, views  # the views keep their mapping alive, not the loader
 
 
+def test_views_of_a_batch_over_many_shards_and_caches_name_each_records_bytes(tmp_path, source):
+    """A shuffled batch reads from several shards of several caches: every
+    view is the right record's bytes, over its own shard's map."""
+    sources = [source(f"s{k}-v1", 60, payload=lambda i, k=k: bytes([k, i]) * 700) for k in range(3)]
+    ds = drt.build(tmp_path, sources, codec="none", shard_bytes=8 << 10, progress=False)
+    source_of: dict[int, int] = {}  # cache_id -> k, from the first record seen
+    maps = set()
+    for batch in ds.loader(batch_size=50, seed=4, sampling="permutation"):
+        views = batch.views
+        assert [bytes(v) for v in views] == batch.data
+        for cid, sid, v in zip(batch.cache_id, batch.sample_id, views, strict=True):
+            k = source_of.setdefault(cid, v[0])
+            assert bytes(v) == bytes([k, sid]) * 700
+        assert all(isinstance(v.obj, mmap.mmap) for v in views)
+        maps.update(id(v.obj) for v in views)
+    assert sorted(source_of.values()) == [0, 1, 2]
+    assert len(maps) > 3  # several shards of each cache, one map each
+
+
+def test_views_copy_the_records_of_a_shard_file_replaced_since_it_was_read(tmp_path, source):
+    """A shard file replaced after the engine read it (another length) is not
+    mapped again: its views are copies of the verified bytes."""
+    ds = drt.build(
+        tmp_path,
+        [source("a-v1", 30, payload=lambda i: bytes([i]) * 900)],
+        codec="none",
+        progress=False,
+    )
+    batch = next(iter(ds.loader(batch_size=30, seed=1, sampling="permutation")))
+    shards = sorted(tmp_path.rglob("shard-*"))
+    assert shards
+    for shard in shards:  # a new file under the old name; the engine keeps its map
+        fresh = shard.with_suffix(".new")
+        fresh.write_bytes(b"x" * 100)
+        fresh.replace(shard)
+    views = batch.views
+    assert [bytes(v) for v in views] == batch.data == [bytes([s]) * 900 for s in batch.sample_id]
+    assert not any(isinstance(v.obj, mmap.mmap) for v in views)
+
+
 def test_a_batch_pickles_with_its_rows_identities_payloads_and_metadata(two_caches):
     """A transform may hand the Batch itself to a DataLoader's main process."""
     ds, _, _ = two_caches

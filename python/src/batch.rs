@@ -9,7 +9,8 @@ use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{AsArray, RecordBatch};
+use arrow::array::{AsArray, ByteView, RecordBatch, MAX_INLINE_VIEW_LEN};
+use arrow::buffer::Buffer;
 use arrow::datatypes::{Int64Type, UInt32Type};
 use datasetrt::store::CacheSet;
 use pyo3::prelude::*;
@@ -79,6 +80,27 @@ pub struct PyBatch {
     pub maps: Arc<ShardMaps>,
 }
 
+impl PyBatch {
+    /// A memoryview over the whole shard file that `buffer` (the buffer of
+    /// row `row`'s payload) maps, with the file's length; `None` when the
+    /// buffer is not a shard mapped in place or the file has changed.
+    fn shard_view<'py>(
+        &self,
+        py: Python<'py>,
+        row: usize,
+        buffer: &Buffer,
+    ) -> PyResult<Option<(Bound<'py, PyAny>, u64)>> {
+        let cache_id = self.batch.column(2).as_primitive::<Int64Type>().value(row);
+        let sample_id = self.batch.column(3).as_primitive::<Int64Type>().value(row);
+        let cache = &self.caches[self.caches.position(cache_id).py()?];
+        let entry = cache.entry(sample_id as u64).py()?;
+        let Some((path, len)) = cache.shard_file(entry.shard, buffer) else {
+            return Ok(None);
+        };
+        Ok(self.maps.get(py, path, len)?.map(|m| (m, len)))
+    }
+}
+
 #[pymethods]
 impl PyBatch {
     fn __len__(&self) -> usize {
@@ -125,35 +147,31 @@ impl PyBatch {
     /// otherwise (compressed records, evicting replicas, tiny records).
     fn views<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let data = self.batch.column(4).as_binary_view();
-        let cache_ids = self.batch.column(2).as_primitive::<Int64Type>().values();
-        let sample_ids = self.batch.column(3).as_primitive::<Int64Type>().values();
         let list = PyList::empty(py);
-        let mut hint = 0usize;
-        for i in 0..self.batch.num_rows() {
-            let len = data.value(i).len();
-            let mut view = None;
-            if len > 12 {
-                if let Some(at) = self.caches.position_near(cache_ids[i], hint) {
-                    hint = at;
-                    let cache = &self.caches[at];
-                    let entry = cache.entry(sample_ids[i] as u64).py()?;
-                    if let Some((path, shard_len, offset)) = cache.raw_location(&entry) {
-                        if let Some(whole) = self.maps.get(py, path, shard_len)? {
-                            let (start, end) = (offset as isize, (offset as usize + len) as isize);
-                            let slice = whole.get_item(PySlice::new(py, start, end, 1))?;
-                            // the engine verified these bytes; the slice must be them
-                            if slice.len()? == len {
-                                view = Some(slice);
-                            }
-                        }
-                    }
+        // per buffer of the array: the whole shard file as a memoryview, or
+        // None when its records are copied; found once, from its first row
+        let mut files: Vec<Option<Option<(Bound<'py, PyAny>, u64)>>> =
+            vec![None; data.data_buffers().len()];
+        for (i, &raw) in data.views().iter().enumerate() {
+            let view = ByteView::from(raw);
+            let len = view.length as u64;
+            let mut whole = None;
+            if view.length > MAX_INLINE_VIEW_LEN {
+                let b = view.buffer_index as usize;
+                if files[b].is_none() {
+                    files[b] = Some(self.shard_view(py, i, &data.data_buffers()[b])?);
                 }
+                whole = files[b].as_ref().and_then(Option::as_ref);
             }
-            let view = match view {
-                Some(v) => v,
-                None => PyMemoryView::from(&PyBytes::new(py, data.value(i)))?.into_any(),
+            let item = match whole {
+                // the view lies in its buffer, which has the file's length
+                Some((file, file_len)) if u64::from(view.offset) + len <= *file_len => {
+                    let start = view.offset as isize;
+                    file.get_item(PySlice::new(py, start, start + len as isize, 1))?
+                }
+                _ => PyMemoryView::from(&PyBytes::new(py, data.value(i)))?.into_any(),
             };
-            list.append(view)?;
+            list.append(item)?;
         }
         Ok(list)
     }

@@ -232,18 +232,18 @@ impl Cache {
         })
     }
 
-    /// Where record `e`'s bytes lie as they are, for a reader that maps the
-    /// shard itself: `(shard file, its length as this cache mapped it,
-    /// offset)` when the record is stored raw (no codec) in a file read in
-    /// place (a local cache or a whole replica), `None` otherwise. Only valid
-    /// once the record was read through [`Cache::stored`], which verifies it
-    /// (and fetches it into a replica); a reader must check that the file it
-    /// maps still has that length.
-    pub fn raw_location(&self, e: &IndexEntry) -> Option<(&Path, u64, u64)> {
+    /// The file that `buffer` maps, and its length as this cache mapped it,
+    /// when `buffer` is this cache's mapping of shard `shard` and the shard
+    /// is read in place (a local cache or a whole replica); `None` otherwise
+    /// (a decode buffer, a record copied out of an evicting replica). A view
+    /// of [`crate::store::CacheSet::take`] into such a buffer names the same
+    /// bytes at the same offset of the file, verified by the take; a reader
+    /// that maps the file itself must check it still has that length.
+    pub fn shard_file(&self, shard: u32, buffer: &Buffer) -> Option<(&Path, u64)> {
         let in_place = self.replica.as_ref().is_none_or(|r| r.whole());
-        let raw = e.codec == super::Codec::None && e.stored_len == e.raw_len;
-        let (path, shard) = self.shards.get(e.shard as usize)?;
-        (in_place && raw).then_some((path.as_path(), shard.len() as u64, e.offset))
+        let (path, mapped) = self.shards.get(shard as usize)?;
+        let same = mapped.as_ptr() == buffer.as_ptr() && mapped.len() == buffer.len();
+        (in_place && same).then_some((path.as_path(), mapped.len() as u64))
     }
 
     /// Append the decoded bytes of record `sample_id` to `out`, verifying its

@@ -414,7 +414,7 @@ class Dataset:
         resume: dict[str, Any] | None = None,
         threads: int | None = None,
         prefetch_bytes: int = 64 << 20,
-        prefetch_batches: int = 4,
+        prefetch_batches: int = 8,
     ) -> Loader:
         """Batches of one epoch of draws, read ahead natively.
 

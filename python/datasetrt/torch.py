@@ -67,7 +67,7 @@ class TorchDataset(IterableDataset):
         drop_last: bool = False,
         threads: int | None = 1,
         prefetch_bytes: int = 32 << 20,
-        prefetch_batches: int = 2,
+        prefetch_batches: int = 4,
         transform: Callable[[Batch], Any] = default_output,
     ):
         self.dataset = dataset

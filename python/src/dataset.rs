@@ -539,7 +539,7 @@ impl PyDataset {
     }
 
     /// Start a loader over `plan`'s draws.
-    #[pyo3(signature = (plan, prefetch_bytes=64 << 20, prefetch_batches=4, threads=None))]
+    #[pyo3(signature = (plan, prefetch_bytes=64 << 20, prefetch_batches=8, threads=None))]
     fn loader(
         &self,
         plan: &PyDrawPlan,

@@ -80,6 +80,10 @@ pub struct PyBatch {
     pub maps: Arc<ShardMaps>,
 }
 
+/// A memoryview over a whole shard file and the file's length, or `None`
+/// when a buffer's records are copied instead.
+type ShardView<'py> = Option<(Bound<'py, PyAny>, u64)>;
+
 impl PyBatch {
     /// A memoryview over the whole shard file that `buffer` (the buffer of
     /// row `row`'s payload) maps, with the file's length; `None` when the
@@ -89,7 +93,7 @@ impl PyBatch {
         py: Python<'py>,
         row: usize,
         buffer: &Buffer,
-    ) -> PyResult<Option<(Bound<'py, PyAny>, u64)>> {
+    ) -> PyResult<ShardView<'py>> {
         let cache_id = self.batch.column(2).as_primitive::<Int64Type>().value(row);
         let sample_id = self.batch.column(3).as_primitive::<Int64Type>().value(row);
         let cache = &self.caches[self.caches.position(cache_id).py()?];
@@ -150,8 +154,7 @@ impl PyBatch {
         let list = PyList::empty(py);
         // per buffer of the array: the whole shard file as a memoryview, or
         // None when its records are copied; found once, from its first row
-        let mut files: Vec<Option<Option<(Bound<'py, PyAny>, u64)>>> =
-            vec![None; data.data_buffers().len()];
+        let mut files: Vec<Option<ShardView<'py>>> = vec![None; data.data_buffers().len()];
         for (i, &raw) in data.views().iter().enumerate() {
             let view = ByteView::from(raw);
             let len = view.length as u64;

@@ -46,9 +46,9 @@ impl Default for Prefetch {
 /// when the queue holds one batch). A consumer slower than the reads (the
 /// common case) then wakes the task once per few batches instead of once per
 /// batch; every wake-up is a system call on the consumer's thread, and on a
-/// virtual machine a sleeping CPU woken as well. Measured on the seed
-/// workload (tests/bench/bench_loader.py): 0.93x the in-memory floor waking
-/// per batch or two, 0.95x per three or more.
+/// virtual machine a sleeping CPU woken as well. On the seed workload
+/// (tests/bench/bench_loader.py, one run of 81 alternating trials): 0.93x
+/// the in-memory floor waking per batch or two, 0.95x per three or more.
 fn refill_batches(queue: usize) -> usize {
     queue.saturating_sub((queue / 4).max(1)).max(1)
 }

@@ -95,7 +95,7 @@ class Dataset:
         self,
         plan: DrawPlan,
         prefetch_bytes: int = ...,
-        prefetch_batches: int = 4,
+        prefetch_batches: int = 8,
         threads: int | None = None,
     ) -> Loader: ...
     def draws(

@@ -80,11 +80,25 @@ pub struct PyBatch {
     pub maps: Arc<ShardMaps>,
 }
 
+/// Positions of the loader batch's columns (`draw` is 0).
+const ROW: usize = 1;
+const CACHE_ID: usize = 2;
+const SAMPLE_ID: usize = 3;
+const DATA: usize = 4;
+
 /// A memoryview over a whole shard file and the file's length, or `None`
 /// when a buffer's records are copied instead.
 type ShardView<'py> = Option<(Bound<'py, PyAny>, u64)>;
 
 impl PyBatch {
+    /// The Int64 identity column at `index` (`CACHE_ID` or `SAMPLE_ID`).
+    fn ids(&self, index: usize) -> &[i64] {
+        self.batch
+            .column(index)
+            .as_primitive::<Int64Type>()
+            .values()
+    }
+
     /// A memoryview over the whole shard file that `buffer` (the buffer of
     /// row `row`'s payload) maps, with the file's length; `None` when the
     /// buffer is not a shard mapped in place or the file has changed.
@@ -94,8 +108,7 @@ impl PyBatch {
         row: usize,
         buffer: &Buffer,
     ) -> PyResult<ShardView<'py>> {
-        let cache_id = self.batch.column(2).as_primitive::<Int64Type>().value(row);
-        let sample_id = self.batch.column(3).as_primitive::<Int64Type>().value(row);
+        let (cache_id, sample_id) = (self.ids(CACHE_ID)[row], self.ids(SAMPLE_ID)[row]);
         let cache = &self.caches[self.caches.position(cache_id).py()?];
         let entry = cache.entry(sample_id as u64).py()?;
         let Some((path, len)) = cache.shard_file(entry.shard, buffer) else {
@@ -114,31 +127,23 @@ impl PyBatch {
     /// Rows of the loader's snapshot, in draw order.
     fn rows(&self) -> Vec<u32> {
         self.batch
-            .column(1)
+            .column(ROW)
             .as_primitive::<UInt32Type>()
             .values()
             .to_vec()
     }
 
     fn cache_id(&self) -> Vec<i64> {
-        self.batch
-            .column(2)
-            .as_primitive::<Int64Type>()
-            .values()
-            .to_vec()
+        self.ids(CACHE_ID).to_vec()
     }
 
     fn sample_id(&self) -> Vec<i64> {
-        self.batch
-            .column(3)
-            .as_primitive::<Int64Type>()
-            .values()
-            .to_vec()
+        self.ids(SAMPLE_ID).to_vec()
     }
 
     /// The payloads as `bytes` (copies).
     fn data<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let data = self.batch.column(4).as_binary_view();
+        let data = self.batch.column(DATA).as_binary_view();
         let list = PyList::empty(py);
         for v in data.iter() {
             list.append(PyBytes::new(py, v.unwrap_or_default()))?;
@@ -150,7 +155,7 @@ impl PyBatch {
     /// record stored raw in a file read in place (no copy), over a copy
     /// otherwise (compressed records, evicting replicas, tiny records).
     fn views<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let data = self.batch.column(4).as_binary_view();
+        let data = self.batch.column(DATA).as_binary_view();
         let list = PyList::empty(py);
         // per buffer of the array: the whole shard file as a memoryview, or
         // None when its records are copied; found once, from its first row

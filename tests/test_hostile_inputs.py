@@ -156,3 +156,49 @@ def test_a_tampered_loader_state_is_invalid_input(ds):
     end = {**ds.loader(1, seed=1).state_dict(), "position": 2**64 - 1}
     for rank in (0, 1):
         assert list(ds.loader(1, resume=end, rank=rank, world_size=2)) == []
+
+
+# Polars' own Arrow export aborts the process (a panic that cannot unwind) on
+# a NUL byte in a name, so the test runs in a child: a regression fails this
+# test instead of killing the suite.
+CONTROL_NAMES = r"""
+import sys, polars as pl, datasetrt as drt
+ds = drt.open(sys.argv[1])
+version, meta = ds.version, ds.get_metadata()
+names = ["a\x00b", "\x00", "tab\there", "bell\x07", "del\x7f", "c1\x85"]
+frames = [meta.with_columns(pl.lit(1).alias(n)) for n in names]
+frames.append(meta.with_columns(pl.struct(pl.lit(1).alias("in\x00side")).alias("s")))
+frames.append(meta.rename({"weight": "we\x00ight"}))
+for frame in frames:
+    for call in (lambda: ds.update_metadata(frame), lambda: ds.register("t", frame),
+                 lambda: ds.update_metadata(frame.lazy())):
+        try:
+            call()
+        except drt.InvalidInputError as e:
+            assert "control characters" in str(e) and e.column, e
+            print(repr(e.column))
+        else:
+            raise AssertionError(f"accepted {frame.columns}")
+assert ds.version == version and ds.get_metadata().equals(meta)
+assert drt.open(sys.argv[1]).version == version
+print("ok")
+"""
+
+
+def test_control_characters_in_column_names_are_refused_not_an_abort(two_caches):
+    _, root, _ = two_caches
+    out = run_child(CONTROL_NAMES, root).splitlines()
+    assert out[-1] == "ok"
+    assert out[0] == repr("a\x00b") and "'s.in\\x00side'" in out
+    assert len(out) == 3 * 8 + 1
+
+
+def test_control_characters_from_other_arrow_producers_are_refused(ds):
+    pa = pytest.importorskip("pyarrow")
+    version, meta = ds.version, ds.get_metadata()
+    table = pa.table(meta).append_column("new\nline", pa.array([1] * meta.height))
+    for call in (lambda: ds.update_metadata(table), lambda: ds.register("t", table)):
+        with pytest.raises(InvalidInputError, match="control characters") as info:
+            call()
+        assert info.value.column == "new\nline"
+    unchanged(ds, version, meta)

@@ -2,11 +2,43 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import polars as pl
 
 from .exceptions import InvalidInputError
+
+
+def _names(dtype: Any, prefix: str) -> Iterator[str]:
+    """The field names nested in a polars ``dtype`` (struct fields, list items)."""
+    if isinstance(dtype, pl.Struct):
+        for field in dtype.fields:
+            yield f"{prefix}.{field.name}" if prefix else field.name
+            yield from _names(field.dtype, f"{prefix}.{field.name}")
+    elif isinstance(dtype, (pl.List, pl.Array)):
+        yield from _names(dtype.inner, prefix)
+
+
+def _check_names(schema: pl.Schema, what: str) -> None:
+    """Refuse names with control characters before polars exports the frame.
+
+    Polars' Arrow C export panics on a NUL byte in a name (an ``unwrap`` in a
+    function that cannot unwind: the process aborts), so this check must run
+    before anything asks a polars object for ``__arrow_c_stream__``. Other
+    control characters are refused too, as ``build`` refuses them in keys.
+
+    >>> _check_names(pl.DataFrame({"a\\x00b": [1]}).schema, "example")
+    Traceback (most recent call last):
+    ...
+    datasetrt.exceptions.InvalidInputError: example: column name 'a\\x00b' has control characters
+    """
+    for name, dtype in schema.items():
+        for full in [name, *(f"{name}.{n}" for n in _names(dtype, ""))]:
+            if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in full):  # Rust's is_control
+                error = InvalidInputError(f"{what}: column name {full!r} has control characters")
+                error.column = full
+                raise error
 
 
 def arrow_stream(data: Any, what: str) -> tuple[Any, list[str]]:
@@ -15,7 +47,9 @@ def arrow_stream(data: Any, what: str) -> tuple[Any, list[str]]:
 
     Polars exports a ``Null`` column in a form the Arrow C data interface
     does not allow, so such columns travel as all-null Booleans and the
-    native side restores them (see ``python/src/arrow_in.rs``).
+    native side restores them (see ``python/src/arrow_in.rs``). Names with
+    control characters are refused here, before the export (see
+    :func:`_check_names`); other objects' names are checked natively.
 
     >>> stream, nulls = arrow_stream(pl.DataFrame({"a": [1], "b": [None]}), "example")
     >>> nulls, stream.schema["b"]
@@ -23,8 +57,11 @@ def arrow_stream(data: Any, what: str) -> tuple[Any, list[str]]:
     """
     if isinstance(data, pl.LazyFrame):
         data = data.collect()
+    if isinstance(data, pl.Series):
+        data = data.to_frame()
     nulls: list[str] = []
     if isinstance(data, pl.DataFrame):
+        _check_names(data.schema, what)
         objects = [n for n, t in data.schema.items() if t == pl.Object]
         if objects:
             raise InvalidInputError(

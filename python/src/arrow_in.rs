@@ -13,7 +13,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use pyo3::prelude::*;
 use pyo3_arrow::input::AnyRecordBatch;
 
-use crate::error::invalid;
+use crate::error::{invalid, IntoPyResult};
 
 /// The schema and batches of `data`, with the columns named in `nulls`
 /// restored to type `Null`.
@@ -24,6 +24,11 @@ pub fn collect(
 ) -> PyResult<(SchemaRef, Vec<RecordBatch>)> {
     let reader = data.into_reader()?;
     let schema = reader.schema();
+    // the Python side refuses such names before polars exports them (its
+    // export aborts on a NUL); this covers every other Arrow producer
+    for field in schema.fields() {
+        datasetrt::store::check_name_characters(field.name()).py()?;
+    }
     let batches = reader
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| invalid(format!("cannot read the {what}: {e}")))?;

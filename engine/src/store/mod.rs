@@ -40,15 +40,26 @@ pub const RESERVED_COLUMNS: [&str; 3] = ["cache_id", "sample_id", "weight"];
 /// with them in every `SELECT *` join.
 pub const PAYLOAD_COLUMNS: [&str; 5] = ["stored_len", "raw_len", "codec", "checksum", "data"];
 
+/// Check any column name that arrives from outside (a stored column, a
+/// registered table's): no control characters, which would break manifest
+/// lines and abort some Arrow exporters (polars panics on a NUL).
+pub fn check_name_characters(name: &str) -> crate::Result<()> {
+    if name.chars().any(char::is_control) {
+        return Err(
+            crate::Error::invalid(format!("column name {name:?} has control characters"))
+                .at_column(name, None),
+        );
+    }
+    Ok(())
+}
+
 /// Check a user column name (a metadata key or an update's column): not
 /// empty, no control characters, not a `payloads` column.
 pub fn check_column_name(name: &str) -> crate::Result<()> {
-    if name.is_empty() || name.chars().any(char::is_control) {
-        return Err(crate::Error::invalid(format!(
-            "column name {name:?} is empty or has control characters"
-        ))
-        .at_column(name, None));
+    if name.is_empty() {
+        return Err(crate::Error::invalid("column name \"\" is empty").at_column(name, None));
     }
+    check_name_characters(name)?;
     if PAYLOAD_COLUMNS.contains(&name) {
         return Err(crate::Error::invalid(format!(
             "column name {name:?} is taken by table `payloads` ({}); rename it, e.g. to \"{name}_\"",

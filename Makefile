@@ -6,7 +6,9 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/datasetrt-target
 VENV ?= $(HOME)/.cache/datasetrt-venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.datasetrt-deps
-PY_DEPS := "maturin>=1.7,<2" "polars>=1.20" numpy scikit-learn tqdm "pytest>=8" pytest-timeout hypothesis ruff torch pyarrow duckdb "datafusion>=55,<56" "ray[data]>=2.60" matplotlib nbclient nbformat ipykernel "moto[server]" boto3
+# Everything the tests use is the `dev` extra of pyproject.toml (one list):
+# `make test` installs all of it, so a skip for a missing package is a failure.
+PY_DEPS := $(shell python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print(" ".join(f"\"{r}\"" for r in ["maturin>=1.7,<2", *p["dependencies"], *p["optional-dependencies"]["dev"]]))')
 # The installed-product check: a second virtualenv that holds only the built
 # wheel and what the quickstart needs, used from a directory outside the clone.
 WHEEL_VENV ?= $(HOME)/.cache/datasetrt-wheel-venv
@@ -14,7 +16,7 @@ WHEEL_DIR ?= $(HOME)/.cache/datasetrt-wheels
 
 .PHONY: venv develop release demo test lint rust-test py-test installed-test sdist-test fuzz bench
 
-$(STAMP): Makefile
+$(STAMP): Makefile pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(PY_DEPS)
@@ -46,9 +48,12 @@ py-test: develop
 	$(PY) -m pytest
 
 # The readers of stored files under many more mutated inputs than the
-# 300 per reader that `make test` runs (engine/tests/it/fuzz.rs).
-fuzz:
+# 300 per reader that `make test` runs (engine/tests/it/fuzz.rs), and the
+# property tests randomized at ten times the count `make test` runs
+# derandomized (failures are saved in tests/hypothesis-examples: commit them).
+fuzz: develop
 	DATASETRT_FUZZ_ITERS=$${DATASETRT_FUZZ_ITERS:-20000} cargo test --workspace --release --test it fuzz
+	DATASETRT_HYPOTHESIS=fuzz $(PY) -m pytest -p no:cacheprovider tests/test_update_properties.py
 
 # Build a wheel (dev profile: it reuses the build the tests made), install it
 # into its own virtualenv and run tests/installed/check_installed.py from a

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
 import signal
 import subprocess
@@ -15,6 +16,28 @@ from typing import Any
 import pytest
 
 import datasetrt as drt
+
+# Property tests: `make test` runs them derandomized (the same examples every
+# run, plus every failure ever found, pinned with @example), so CI never
+# passes or fails by chance; `make fuzz` runs them randomized at ten times
+# the count and keeps what fails in tests/hypothesis-examples, to replay there
+# and to pin as an @example with the fix.
+HYPOTHESIS_PROFILE = os.environ.get("DATASETRT_HYPOTHESIS", "ci")
+HYPOTHESIS_SCALE = 10 if HYPOTHESIS_PROFILE == "fuzz" else 1
+try:
+    from hypothesis import settings
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    settings.register_profile("ci", derandomize=True, database=None, deadline=None)
+    settings.register_profile(
+        "fuzz",
+        derandomize=False,
+        database=DirectoryBasedExampleDatabase(Path(__file__).parent / "hypothesis-examples"),
+        deadline=None,
+    )
+    settings.load_profile(HYPOTHESIS_PROFILE)
+except ImportError:  # the property tests skip themselves (never inside `make test`)
+    pass
 
 
 class Source:
@@ -71,11 +94,19 @@ def run_child(script: str, *args: object) -> str:
     return done.stdout
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The suite needs Ctrl-C to raise KeyboardInterrupt (the cancellation
+    tests send SIGINT). A shell that starts a job in the background starts it
+    with SIGINT ignored, and Python then installs no handler: install
+    Python's own here, so the suite passes however it is started."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture(autouse=True)
 def sigint_handler_is_restored():
     """A test that leaves Ctrl-C ignored (SIG_IGN/SIG_DFL) would make a later
     interrupt a no-op (and the Ctrl-C test run its query for minutes): put the
-    handler back and fail the test that changed it."""
+    handler the session installed back and fail the test that changed it."""
     yield
     handler = signal.getsignal(signal.SIGINT)
     if handler is not signal.default_int_handler:

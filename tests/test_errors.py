@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -172,13 +174,38 @@ def test_ctrl_c_stops_a_long_query_and_the_dataset_stays_usable(ds):
     finally:
         timer.cancel()
         signal.signal(signal.SIGINT, previous)
-    assert time.monotonic() - started < 10
-    # the query is cancelled, not left running in the background
-    cpu, wall = time.process_time(), time.monotonic()
-    time.sleep(1.0)
-    busy = (time.process_time() - cpu) / (time.monotonic() - wall)
-    assert busy < 0.5, f"{busy:.1f} cores still busy after the interrupt"
+    # Uncancelled, the query runs for many minutes on every core; 60 s is
+    # far from both that and the ~1 s it takes, so load cannot decide it.
+    assert time.monotonic() - started < 60
+    # The query is cancelled, not left running in the background: this
+    # process's own CPU time (which other processes' load does not raise)
+    # falls to idle within a few one-second windows.
+    for _ in range(10):
+        cpu, wall = time.process_time(), time.monotonic()
+        time.sleep(1.0)
+        busy = (time.process_time() - cpu) / (time.monotonic() - wall)
+        if busy < 0.5:
+            break
+    assert busy < 0.5, f"{busy:.1f} cores still busy 10 s after the interrupt"
     assert ds.sql("SELECT count(*) AS n FROM metadata")["n"][0] == 800
+
+
+def test_the_suite_passes_when_started_with_sigint_ignored():
+    """A script that starts `make test` in the background starts it with
+    SIGINT ignored; the suite installs the handler it needs (conftest) and
+    the Ctrl-C test above still passes."""
+    here = Path(__file__).parent
+    test = f"{here / 'test_errors.py'}::test_ctrl_c_stops_a_long_query_and_the_dataset_stays_usable"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", test],
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        cwd=here.parent,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
 
 
 def test_seed_is_required_and_checked(ds):
@@ -380,11 +407,12 @@ def test_crc_helper_is_crc32c_not_zlib_crc32():
 
 def test_a_corrupted_snapshot_is_reported(two_caches):
     ds, root, _ = two_caches
+    before = payload_digest(root)
     path = ds.snapshot_path
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(CorruptCacheError, match=path.name):
         drt.open(root)
-    assert payload_digest(root)  # caches untouched and still listed
+    assert payload_digest(root) == before  # the caches are untouched
 
 
 def test_errors_name_their_culprit_as_attributes_or_none(ds):
@@ -404,3 +432,28 @@ def test_internal_and_arrow_errors_have_their_own_classes():
     assert issubclass(drt.InternalError, RuntimeError)
     assert not issubclass(drt.InternalError, ValueError)  # never the caller's fault
     assert issubclass(drt.ArrowError, drt.DatasetRTError)
+
+
+@pytest.mark.parametrize("place", ["task", "verify"])
+def test_a_panic_inside_is_an_internal_error_and_the_dataset_stays_usable(ds, monkeypatch, place):
+    """README: a panicked worker is InternalError (a RuntimeError), never a
+    plain RuntimeError or an InvalidInputError blaming the caller."""
+    monkeypatch.setenv("DATASETRT_TEST_PANIC", place)
+    with pytest.raises(drt.InternalError, match="panicked") as info:
+        if place == "verify":
+            ds.verify()
+        else:
+            ds.sql("SELECT count(*) AS n FROM metadata")
+    assert not isinstance(info.value, ValueError)
+    monkeypatch.delenv("DATASETRT_TEST_PANIC")
+    assert ds.sql("SELECT count(*) AS n FROM metadata")["n"][0] == 800
+    assert ds.verify().is_empty()
+
+
+@pytest.mark.parametrize("value", [2**63, 2**70, -(2**63) - 1])
+def test_metadata_ints_past_64_bits_name_key_and_record(tmp_path, value):
+    src = Source("big-v1", 5, meta=lambda i: {"n": value if i == 3 else i})
+    with pytest.raises(InvalidInputError, match="outside the 64-bit") as info:
+        drt.build(tmp_path, [src], progress=False)
+    assert (info.value.row, info.value.column, info.value.value) == (3, "n", str(value))
+    assert not (tmp_path / "big-v1").exists()

@@ -145,7 +145,7 @@ impl Error {
         }
     }
 
-    pub(crate) fn internal(msg: impl Into<String>) -> Self {
+    pub fn internal(msg: impl Into<String>) -> Self {
         Error::Internal(msg.into())
     }
 

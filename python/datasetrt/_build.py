@@ -84,6 +84,16 @@ def _column(source: str, key: str, values: list[Any]) -> pl.Series:
     if any(t not in (bool, int, float, str, bytes) for t in kinds):
         cast = {"bool": bool, "int": int, "float": float, "str": str, "bytes": bytes}[kind]
         values = [None if v is None else cast(v) for v in values]
+    if kind == "int":  # stored as Int64: a larger value is the caller's, named here
+        low, high = -(1 << 63), (1 << 63) - 1
+        for i, v in enumerate(values):
+            if v is not None and not low <= v <= high:
+                error = InvalidInputError(
+                    f"source {source!r}: record {i}: metadata key {key!r} has the value {v}, "
+                    f"outside the 64-bit integers metadata stores"
+                )
+                error.row, error.column, error.value = i, key, str(v)
+                raise error
     return pl.Series(key, values, dtype=_DTYPES[kind], strict=True)
 
 

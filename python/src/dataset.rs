@@ -446,6 +446,7 @@ impl PyDataset {
         let inner = self.inner.clone();
         let (tx, rx) = std::sync::mpsc::channel::<(u64, u64)>();
         let worker = std::thread::spawn(move || {
+            crate::runtime::test_panic("verify");
             inner.verify(&|done, total| {
                 let _ = tx.send((done, total));
             })
@@ -471,7 +472,11 @@ impl PyDataset {
         }
         let problems = worker
             .join()
-            .map_err(|_| invalid("verify() failed: its thread panicked"))?;
+            .map_err(|_| {
+                crate::error::to_py(datasetrt::Error::internal(
+                    "verify() failed: its thread panicked",
+                ))
+            })?;
         let list = PyList::empty(py);
         for problem in problems {
             let err = crate::error::to_py(problem);

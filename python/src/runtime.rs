@@ -22,7 +22,9 @@ pub fn runtime() -> PyResult<Arc<Runtime>> {
                 .build()
         })
         .map_err(|e| {
-            pyo3::exceptions::PyRuntimeError::new_err(format!("cannot start the runtime: {e}"))
+            crate::error::to_py(datasetrt::Error::internal(format!(
+                "cannot start the runtime: {e}"
+            )))
         })
 }
 
@@ -47,6 +49,7 @@ where
     let rt = runtime()?;
     let (done, mut result) = mpsc::sync_channel(1);
     let handle = rt.spawn(async move {
+        test_panic("task");
         // the receiver is gone only after an interrupt; nothing to deliver then
         let _ = done.send(fut.await);
     });
@@ -71,10 +74,18 @@ where
                     Err(join) => join.to_string(),
                     Ok(()) => "no result".to_string(),
                 };
-                return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+                return Err(crate::error::to_py(datasetrt::Error::internal(format!(
                     "native task failed: {why}"
-                )));
+                ))));
             }
         }
+    }
+}
+
+/// Panic here when `$DATASETRT_TEST_PANIC` names `place`: how the tests
+/// reach the paths that turn a panicked thread or task into `InternalError`.
+pub fn test_panic(place: &str) {
+    if std::env::var("DATASETRT_TEST_PANIC").is_ok_and(|p| p == place) {
+        panic!("a panic injected by DATASETRT_TEST_PANIC={place}");
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use datasetrt::catalog::Snapshot;
-use datasetrt::load::LoaderState;
+use datasetrt::load::{LoaderState, ReaderPlace};
 use datasetrt::sample::{DrawPlan, Sampling};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt};
@@ -105,6 +105,19 @@ impl PyDrawPlan {
     pub fn state_after<'py>(&self, py: Python<'py>, batches: u64) -> PyResult<Bound<'py, PyDict>> {
         state_to_py(py, &LoaderState::after(&self.plan, &self.snapshot, batches))
     }
+
+    /// The state inside this reader once it delivered `batches` batches of
+    /// its own (what a StatefulDataLoader keeps per worker).
+    pub fn reader_state_after<'py>(
+        &self,
+        py: Python<'py>,
+        batches: u64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        state_to_py(
+            py,
+            &LoaderState::after_reader(&self.plan, &self.snapshot, batches),
+        )
+    }
 }
 
 /// A state as plain, JSON-serialisable data.
@@ -120,6 +133,15 @@ pub fn state_to_py<'py>(py: Python<'py>, state: &LoaderState) -> PyResult<Bound<
     d.set_item("snapshot", state.snapshot)?;
     d.set_item("fingerprint", &state.fingerprint)?;
     d.set_item("position", state.position)?;
+    if let Some(place) = &state.reader {
+        let r = PyDict::new(py);
+        r.set_item("rank", place.rank)?;
+        r.set_item("world_size", place.world_size)?;
+        r.set_item("worker", place.worker)?;
+        r.set_item("num_workers", place.num_workers)?;
+        r.set_item("resume_block", place.resume_block)?;
+        d.set_item("reader", r)?;
+    }
     Ok(d)
 }
 
@@ -183,6 +205,34 @@ pub fn state_from_py(obj: &Bound<'_, PyAny>) -> PyResult<LoaderState> {
         Some(_) => int("batch_size", u32::MAX as u64)? as usize,
         None => 0,
     };
+    let reader = match dict.get_item("reader")? {
+        None => None,
+        Some(place) => {
+            let place = place
+                .cast::<PyDict>()
+                .map_err(|_| invalid("the state's reader must be a dict"))?;
+            let field = |key: &str, high: u64| -> PyResult<u64> {
+                place
+                    .get_item(key)?
+                    .filter(|v| !v.is_instance_of::<PyBool>() && v.is_instance_of::<PyInt>())
+                    .and_then(|v| v.extract::<u64>().ok())
+                    .filter(|&v| v <= high)
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "the state's reader needs {key:?}, an int in [0, {high}]"
+                        ))
+                    })
+            };
+            let small = u32::MAX as u64;
+            Some(ReaderPlace {
+                rank: field("rank", small)? as u32,
+                world_size: field("world_size", small)? as u32,
+                worker: field("worker", small)? as u32,
+                num_workers: field("num_workers", small)? as u32,
+                resume_block: field("resume_block", u64::MAX)?,
+            })
+        }
+    };
     Ok(LoaderState {
         seed: int("seed", u64::MAX)?,
         epoch: int("epoch", u64::MAX)?,
@@ -192,5 +242,6 @@ pub fn state_from_py(obj: &Bound<'_, PyAny>) -> PyResult<LoaderState> {
         snapshot: int("snapshot", i64::MAX as u64)?,
         fingerprint,
         position: int("position", u64::MAX)?,
+        reader,
     })
 }

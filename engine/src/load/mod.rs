@@ -6,4 +6,4 @@ pub mod prefetch;
 mod state;
 
 pub use loader::{LoadedBatch, Loader, Prefetch};
-pub use state::LoaderState;
+pub use state::{LoaderState, ReaderPlace};

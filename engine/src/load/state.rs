@@ -11,6 +11,12 @@ use crate::{Error, Result};
 
 /// Where an epoch of draws stands: the global sequence (seed, epoch,
 /// sampling, epoch_len over snapshot `snapshot`) and the draws consumed.
+///
+/// A state taken inside one reader (a DataLoader worker, as torchdata's
+/// `StatefulDataLoader` takes them) also names that reader in `reader`: its
+/// `position` is then global as if the consumer took this reader's batch
+/// last (true of the worker it took a batch from last), and the reader
+/// resumed alone continues with its own next batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoaderState {
     pub seed: u64,
@@ -22,6 +28,19 @@ pub struct LoaderState {
     pub fingerprint: String,
     /// Draws of the global sequence consumed so far.
     pub position: u64,
+    /// The reader that took this state, for a state taken inside one.
+    pub reader: Option<ReaderPlace>,
+}
+
+/// One reader of a loader layout and where it continues on its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReaderPlace {
+    pub rank: u32,
+    pub world_size: u32,
+    pub worker: u32,
+    pub num_workers: u32,
+    /// The start block of the plan in which this reader continues alone.
+    pub resume_block: u64,
 }
 
 impl LoaderState {
@@ -37,6 +56,23 @@ impl LoaderState {
             snapshot: snapshot.number(),
             fingerprint: snapshot.fingerprint().to_string(),
             position: plan.position_after(batches),
+            reader: None,
+        }
+    }
+
+    /// The state inside one reader of `plan` once it delivered `batches`
+    /// batches of its own (see [`LoaderState::reader`]).
+    pub fn after_reader(plan: &DrawPlan, snapshot: &Snapshot, batches: u64) -> Self {
+        LoaderState {
+            position: plan.position_through(batches),
+            reader: Some(ReaderPlace {
+                rank: plan.rank,
+                world_size: plan.world_size,
+                worker: plan.worker,
+                num_workers: plan.num_workers,
+                resume_block: plan.reader_resume_block(batches),
+            }),
+            ..Self::after(plan, snapshot, 0)
         }
     }
 
@@ -75,6 +111,34 @@ impl LoaderState {
             start_block: 0,
             ..reader.clone()
         };
+        if let Some(place) = &self.reader {
+            let layout =
+                |r: u32, rs: u32, w: u32, ws: u32| format!("rank {r} of {rs}, worker {w} of {ws}");
+            let saved = layout(
+                place.rank,
+                place.world_size,
+                place.worker,
+                place.num_workers,
+            );
+            let here = layout(
+                reader.rank,
+                reader.world_size,
+                reader.worker,
+                reader.num_workers,
+            );
+            if saved != here || self.batch_size != reader.batch_size {
+                return Err(Error::invalid(format!(
+                    "this state was taken inside one reader ({saved}, batch_size {}) and \
+                     resumes only that reader, not {here} with batch_size {}; for another \
+                     layout resume from the state of the whole loader (a StatefulDataLoader's \
+                     state_dict(), or state_dict(batches_seen))",
+                    self.batch_size, reader.batch_size
+                )));
+            }
+            plan.start_block = place.resume_block;
+            plan.validate()?;
+            return Ok((snapshot, plan));
+        }
         plan.start_block = plan.resume_block(self.position).map_err(|_| {
             Error::invalid(format!(
                 "position {} is not a multiple of batch_size {}; resume with batch_size={}",

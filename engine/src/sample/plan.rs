@@ -127,10 +127,46 @@ impl DrawPlan {
             .min(self.total_draws())
     }
 
+    /// The global draw position once this reader has delivered `batches`
+    /// batches and the consumer took batches from the readers in turn, this
+    /// reader's last (a DataLoader's workers: the state torchdata keeps for
+    /// the worker it took a batch from last). With no batch delivered, the
+    /// plan's start.
+    pub fn position_through(&self, batches: u64) -> u64 {
+        if batches == 0 {
+            return self
+                .start_block
+                .saturating_mul(self.batch_size as u64)
+                .min(self.total_draws());
+        }
+        let world = self.world_size as u64;
+        let stride = world * self.num_workers as u64;
+        let blocks = self
+            .start_block
+            .saturating_add(world * (self.worker as u64 + 1))
+            .saturating_add((batches - 1).saturating_mul(stride));
+        blocks
+            .saturating_mul(self.batch_size as u64)
+            .min(self.total_draws())
+    }
+
+    /// The start block of a plan in which this reader (the same rank of as
+    /// many ranks, worker of as many workers) continues alone after it
+    /// delivered `batches` batches, whatever the other readers delivered.
+    pub fn reader_resume_block(&self, batches: u64) -> u64 {
+        let stride = self.world_size as u64 * self.num_workers as u64;
+        self.start_block
+            .saturating_add(batches.saturating_mul(stride))
+    }
+
     /// The first block of an epoch resumed at draw `position`, which must lie
-    /// on a block boundary of this plan's `batch_size`.
+    /// on a block boundary of this plan's `batch_size` or at the epoch's end
+    /// (a state saved after the last, short batch).
     pub fn resume_block(&self, position: u64) -> Result<u64> {
         let bs = self.batch_size as u64;
+        if position >= self.total_draws() {
+            return Ok(position.div_ceil(bs));
+        }
         if !position.is_multiple_of(bs) {
             return Err(Error::invalid(format!(
                 "position {position} is not a multiple of batch_size {bs}; resume with the \
@@ -255,6 +291,49 @@ mod tests {
             }
         }
         assert!(plan(1, 1, 0, 0).resume_block(15).is_err());
+        // the end of an epoch whose last batch is short resumes to nothing
+        let end = plan(1, 1, 0, 0).resume_block(103).unwrap();
+        assert_eq!(end, 11);
+    }
+
+    #[test]
+    fn readers_taken_in_turn_know_the_global_position_and_their_own_next_block() {
+        for (world, workers) in [(1, 1), (1, 3), (2, 1), (2, 3), (4, 2)] {
+            for start in [0u64, 3, 5] {
+                // the consumer of rank 0 takes blocks from its workers in turn
+                let readers: Vec<DrawPlan> = (0..workers)
+                    .map(|w| DrawPlan {
+                        start_block: start,
+                        ..plan(world, workers, 0, w)
+                    })
+                    .collect();
+                let mut delivered = vec![0u64; workers as usize];
+                let mut queues: Vec<Vec<u64>> =
+                    readers.iter().map(|p| p.my_blocks().collect()).collect();
+                let mut consumed = start;
+                for turn in 0.. {
+                    let w = turn % workers as usize;
+                    if queues[w].is_empty() {
+                        break;
+                    }
+                    let block = queues[w].remove(0);
+                    delivered[w] += 1;
+                    consumed = block + world as u64; // this block's round, all ranks
+                    let p = &readers[w];
+                    let total = p.total_draws();
+                    assert_eq!(p.position_through(delivered[w]), (consumed * 10).min(total));
+                    // every reader resumed alone continues with its own next block
+                    for (v, r) in readers.iter().enumerate() {
+                        let alone = DrawPlan {
+                            start_block: r.reader_resume_block(delivered[v]),
+                            ..r.clone()
+                        };
+                        assert_eq!(alone.my_blocks().next(), queues[v].first().copied());
+                    }
+                }
+                assert!(consumed >= start);
+            }
+        }
     }
 
     #[test]

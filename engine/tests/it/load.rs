@@ -84,3 +84,47 @@ fn a_state_that_no_longer_matches_is_refused_naming_why() {
         "epoch_len",
     );
 }
+
+#[test]
+fn a_state_taken_inside_one_worker_resumes_that_worker_alone_and_is_global_for_the_last_one() {
+    let dir = tempfile::tempdir().unwrap();
+    write_cache(dir.path(), "l", 50, WriterOptions::default());
+    let ds = Dataset::open(&[dir.path().to_path_buf()], OpenOptions::default()).unwrap();
+    let snapshot = ds.snapshot();
+    // 10 blocks of 5, three workers taken in turn: 0,3,6,9 / 1,4,7 / 2,5,8.
+    let worker = |w: u32| DrawPlan {
+        worker: w,
+        num_workers: 3,
+        ..reader(5, 1, 0)
+    };
+    // worker 1 delivered blocks 1 and 4; the consumer took it last: 5 blocks consumed
+    let state = LoaderState::after_reader(&worker(1), &snapshot, 2);
+    assert_eq!(state.position, 25);
+    let (_, alone) = state.resume(&ds, &worker(1)).unwrap();
+    assert_eq!(alone.my_blocks().collect::<Vec<_>>(), vec![7]);
+    // its position is a global state: one reader continues at block 5
+    let global = LoaderState {
+        reader: None,
+        ..state.clone()
+    };
+    let (_, one) = global.resume(&ds, &reader(5, 1, 0)).unwrap();
+    assert_eq!(
+        one.my_blocks().collect::<Vec<_>>(),
+        (5..10).collect::<Vec<_>>()
+    );
+    // another worker, another layout or batch size is refused, naming the reader
+    for other in [
+        worker(2),
+        reader(5, 1, 0),
+        DrawPlan {
+            batch_size: 10,
+            ..worker(1)
+        },
+    ] {
+        let err = state.resume(&ds, &other).unwrap_err();
+        assert!(
+            err.to_string().contains("rank 0 of 1, worker 1 of 3"),
+            "{err}"
+        );
+    }
+}

@@ -18,6 +18,7 @@ import datasetrt as drt
 from conftest import Source
 
 pytest.importorskip("torch.distributed")
+from datasetrt.torch import whole_loader_state
 
 SCRIPT = Path(__file__).parent / "dist" / "torchrun_script.py"
 BS = 20
@@ -90,10 +91,15 @@ def root(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("sampling", "method"), [("permutation", "fork"), ("replacement", "spawn")]
+    ("sampling", "method", "stateful"),
+    [
+        ("permutation", "fork", False),
+        ("replacement", "spawn", False),
+        ("replacement", "fork", True),
+    ],
 )
 def test_torchrun_ranks_with_workers_split_one_sequence_and_resume_elastically(
-    root, tmp_path, sampling, method
+    root, tmp_path, sampling, method, stateful
 ):
     ds = drt.open(root)
     expected = single(ds, sampling)
@@ -101,8 +107,10 @@ def test_torchrun_ranks_with_workers_split_one_sequence_and_resume_elastically(
     common = ["--root", root, "--batch-size", BS, "--seed", SEED, "--sampling", sampling]
     common += ["--method", method]  # how the DataLoader starts its workers
 
-    # Two ranks, two DataLoader workers each: one full epoch, then a pass stopped after 7.
-    two = torchrun(2, tmp_path / "two.json", *common, "--workers", 2, "--stop", 7)
+    # Two ranks, two DataLoader workers each: one full epoch, then a pass
+    # stopped after 7 (read by torchdata's StatefulDataLoader when `stateful`).
+    saving = ["--stateful"] if stateful else []
+    two = torchrun(2, tmp_path / "two.json", *common, "--workers", 2, "--stop", 7, *saving)
     assert [r["world_size"] for r in two] == [2, 2]
     full = [r["full"] for r in two]
     assert [len(f) for f in full] == [r["len"] for r in two] == [20, 20]
@@ -115,10 +123,13 @@ def test_torchrun_ranks_with_workers_split_one_sequence_and_resume_elastically(
 
     # Stopped after 7 batches per rank: 14 global batches consumed, every rank agrees.
     states = [r["state"] for r in two]
+    if stateful:  # each rank's StatefulDataLoader state, as the global state it stands for
+        states = [whole_loader_state(s) for s in states]
     assert states[0] == states[1] and states[0]["position"] == 14 * BS
     assert merge([r["before_stop"] for r in two]) == expected[:14]
     state_file = tmp_path / "state.json"
-    state_file.write_text(json.dumps(states[0]))
+    # the state as saved (a StatefulDataLoader's, when `stateful`): load_state_dict takes it
+    state_file.write_text(json.dumps(two[0]["state"]))
     rest = expected[14:]  # 26 batches
     assert single(ds, sampling, resume=states[0]) == rest
 
@@ -138,8 +149,8 @@ def test_torchrun_ranks_with_workers_split_one_sequence_and_resume_elastically(
 @pytest.mark.parametrize("drop_last", [False, True])
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 @pytest.mark.parametrize("stop", [0, 5, 13])
-def test_len_after_a_resume_is_what_each_rank_delivers(root, drop_last, world_size, stop):
-    ds = drt.open(root)
+def test_len_after_a_resume_is_what_each_rank_delivers(two_caches, drop_last, world_size, stop):
+    ds = two_caches[0]  # its own dataset: the module's `root` stays as it was built
     ds.update_metadata(ds.get_metadata().head(790))  # 39.5 batches: a partial last one
     before = ds.to_torch(batch_size=BS, seed=SEED, rank=0, world_size=1, drop_last=drop_last)
     state = before.state_dict(batches_seen=stop)

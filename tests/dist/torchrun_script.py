@@ -5,7 +5,9 @@ Every rank opens the dataset, iterates ``ds.to_torch(...)`` through a
 rank 0 writes them (and the loader state) as JSON to ``--out``.
 
 - ``--stop K``: a second pass stops after K batches and saves
-  ``tds.state_dict(K)`` (every rank computes it; they must agree);
+  ``tds.state_dict(K)`` (every rank computes it; they must agree), or with
+  ``--stateful`` reads through torchdata's ``StatefulDataLoader`` and saves
+  its ``state_dict()``;
 - ``--resume STATE``: instead, continue from a saved state to the end of the epoch.
 
 ``rank`` and ``world_size`` are not passed to ``to_torch``: they come from
@@ -32,9 +34,13 @@ def identities(batch) -> list[list[int]]:
     ]
 
 
-def read(tds, workers: int, method: str, stop: int | None) -> list[list[list[int]]]:
+def read(tds, workers: int, method: str, stop: int | None, stateful: bool = False):
+    """The batches read (up to ``stop``), and the StatefulDataLoader's state then."""
     kwargs = {"multiprocessing_context": method} if workers else {}
-    loader = DataLoader(tds, batch_size=None, num_workers=workers, **kwargs)
+    cls = DataLoader
+    if stateful:
+        from torchdata.stateful_dataloader import StatefulDataLoader as cls
+    loader = cls(tds, batch_size=None, num_workers=workers, **kwargs)
     batches = []
     it = iter(loader)
     try:
@@ -42,9 +48,10 @@ def read(tds, workers: int, method: str, stop: int | None) -> list[list[list[int
             batches.append(identities(batch))
             if stop is not None and len(batches) == stop:
                 break
+        state = loader.state_dict() if stateful else None
     finally:
         del it  # shut the workers down now, not at interpreter exit
-    return batches
+    return batches, state
 
 
 def main() -> None:
@@ -59,6 +66,7 @@ def main() -> None:
     p.add_argument("--method", default="fork")
     p.add_argument("--stop", type=int)
     p.add_argument("--resume")
+    p.add_argument("--stateful", action="store_true")
     args = p.parse_args()
 
     # fail in a minute, not gloo's default 30, when a peer is gone
@@ -78,13 +86,15 @@ def main() -> None:
         with open(args.resume) as f:
             tds.load_state_dict(json.load(f))
         out["len"] = len(tds)
-        out["resumed"] = read(tds, args.workers, args.method, None)
+        out["resumed"] = read(tds, args.workers, args.method, None)[0]
     else:
         out["len"] = len(tds)
-        out["full"] = read(tds, args.workers, args.method, None)
+        out["full"] = read(tds, args.workers, args.method, None)[0]
         if args.stop is not None:
-            out["before_stop"] = read(tds, args.workers, args.method, args.stop)
-            out["state"] = tds.state_dict(batches_seen=args.stop)
+            out["before_stop"], state = read(
+                tds, args.workers, args.method, args.stop, args.stateful
+            )
+            out["state"] = state if args.stateful else tds.state_dict(batches_seen=args.stop)
 
     gathered: list = [None] * expected[1]
     dist.all_gather_object(gathered, out)

@@ -1,0 +1,92 @@
+"""State a process shares with its DataLoader workers: :class:`SharedRecord`.
+
+A DataLoader with ``persistent_workers=True`` pickles (spawn, forkserver) or
+copies (fork) its dataset once, when the workers start; what the main
+process changes later (``set_epoch``, ``load_state_dict``) never reaches
+those copies. So the dataset keeps what its workers must follow in a small
+record on the host's shared-memory file system, written by the process that
+made it and read by every copy at the start of each iteration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import uuid
+import weakref
+from typing import Any
+
+from .exceptions import InvalidInputError
+
+
+def _directory() -> str:
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK):
+        return shm
+    return tempfile.gettempdir()
+
+
+def _remove(path: str, owner: int) -> None:
+    # a forked worker holds the same object: only the owner removes the file
+    if os.getpid() == owner:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+class SharedRecord:
+    """A small JSON record: the creating process (the owner) writes it, copies
+    in other processes of the host read it. It is removed when the owner's
+    object is collected or the owner exits.
+
+    >>> r = SharedRecord({"epoch": 0})
+    >>> r.write({"epoch": 3}); r.read()
+    {'epoch': 3}
+    >>> r.owned
+    True
+    """
+
+    def __init__(self, value: dict[str, Any]):
+        self.owner = os.getpid()
+        self.path = os.path.join(_directory(), f"datasetrt-{self.owner}-{uuid.uuid4().hex}.json")
+        self.write(value)
+        weakref.finalize(self, _remove, self.path, self.owner)
+
+    @property
+    def owned(self) -> bool:
+        """Whether this process made the record (and so writes it)."""
+        return os.getpid() == self.owner
+
+    def write(self, value: dict[str, Any]) -> None:
+        """Replace the record atomically (a reader sees the old or the new one)."""
+        tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(value, f)
+        os.replace(tmp, self.path)
+
+    def read(self) -> dict[str, Any]:
+        try:
+            with open(self.path) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            raise InvalidInputError(
+                f"the state shared with the process that made this object ({self.path}, pid "
+                f"{self.owner}) is gone: the object was moved to another host or outlived its "
+                f"maker; it will not silently replay an old plan. Make it where it is used."
+            ) from None
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _attach, (self.path, self.owner, self.read() if self.owned else None)
+
+
+def _attach(path: str, owner: int, value: dict[str, Any] | None) -> SharedRecord:
+    """A copy: in the owner's process (a ``copy.deepcopy``) a record of its
+    own with the same value; elsewhere (a worker) the owner's record."""
+    if os.getpid() == owner and value is not None:
+        return SharedRecord(value)
+    record = SharedRecord.__new__(SharedRecord)
+    record.path, record.owner = path, owner
+    return record

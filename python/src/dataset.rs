@@ -470,13 +470,11 @@ impl PyDataset {
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
             }
         }
-        let problems = worker
-            .join()
-            .map_err(|_| {
-                crate::error::to_py(datasetrt::Error::internal(
-                    "verify() failed: its thread panicked",
-                ))
-            })?;
+        let problems = worker.join().map_err(|_| {
+            crate::error::to_py(datasetrt::Error::internal(
+                "verify() failed: its thread panicked",
+            ))
+        })?;
         let list = PyList::empty(py);
         for problem in problems {
             let err = crate::error::to_py(problem);

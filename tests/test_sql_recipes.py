@@ -18,6 +18,9 @@ TESTED = {
     "hard_examples",
     "cap_per_class",
     "split_by_hash",
+    "loss_ema_weights",
+    "focal_weights",
+    "cap_weight_per_class",
 }
 
 
@@ -116,3 +119,105 @@ def test_string_parameters_cannot_inject_sql(ds):
     with pytest.raises(drt.InvalidInputError):
         # quoted as a literal: no row has this split, so the population would be empty
         ds.apply_sql("split_by_hash", seed=1, val_fraction=2.0, split="val' OR '1'='1")
+
+
+def register_scores(ds) -> pl.DataFrame:
+    """A score log as `scores`: rows 0..499 scored in epochs 0-2 (some twice in
+    an epoch, rows 0..99 not in epoch 1), rows 500..599 never."""
+    meta = ds.get_metadata()
+    rows = []
+    for epoch in range(3):
+        for k in range(550):
+            row = (k * 13 + epoch) % 500
+            if epoch == 1 and row < 100:
+                continue
+            value = float((row * (epoch + 3)) % 17) / 4 + 0.25
+            rows.append((epoch, k, meta["cache_id"][row], meta["sample_id"][row], value))
+    frame = pl.DataFrame(
+        rows, schema=["epoch", "position", "cache_id", "sample_id", "value"], orient="row"
+    ).with_columns(run=pl.lit("r1"), rank=pl.lit(0, pl.UInt32))
+    ds.register("scores", frame)
+    return frame
+
+
+def weights_by_sample(ds) -> dict[int, float]:
+    meta = ds.get_metadata()
+    assert meta.height == 600  # every row kept
+    return dict(zip(meta["sample_id"], meta["weight"], strict=True))
+
+
+def test_loss_ema_weights(ds):
+    scores = register_scores(ds)
+    ds.apply_sql("loss_ema_weights", alpha=0.4)
+    ema = {}
+    for (sid,), group in scores.group_by("sample_id"):
+        average = None
+        for loss in group.group_by("epoch").agg(pl.col("value").mean()).sort("epoch")["value"]:
+            average = loss if average is None else 0.4 * loss + 0.6 * average
+        ema[sid] = average
+    fallback = sum(ema.values()) / len(ema)
+    got = weights_by_sample(ds)
+    assert got == pytest.approx({s: ema.get(s, fallback) for s in got}, rel=1e-12)
+    assert len(ema) == 500 and got[599] == pytest.approx(fallback)
+    # alpha = 1: the latest epoch's mean loss only
+    ds.checkout(0)
+    ds.apply_sql("loss_ema_weights", alpha=1.0)
+    latest = scores.filter(pl.col("epoch") == 2).group_by("sample_id").agg(pl.col("value").mean())
+    got = weights_by_sample(ds)
+    assert all(got[s] == pytest.approx(v) for s, v in latest.iter_rows())
+
+
+def test_focal_weights(ds):
+    scores = register_scores(ds)
+    ds.apply_sql("focal_weights", gamma=2.5)
+    mean = dict(scores.group_by("sample_id").agg(pl.col("value").mean()).iter_rows())
+    fallback = sum(mean.values()) / len(mean)
+    got = weights_by_sample(ds)
+    assert got == pytest.approx({s: mean.get(s, fallback) ** 2.5 for s in got}, rel=1e-12)
+
+
+def capped(weights: dict[int, float], labels: dict[int, int], cap: float) -> dict[int, float]:
+    """Water-filling by iteration: fix the labels over the cap at exactly the cap."""
+    per_label: dict[int, float] = {}
+    for s, w in weights.items():
+        per_label[labels[s]] = per_label.get(labels[s], 0.0) + w
+    cap = max(cap, 1 / len(per_label))
+    fixed: set[int] = set()
+    while True:
+        total = sum(w for c, w in per_label.items() if c not in fixed) / (1 - len(fixed) * cap)
+        over = {c for c, w in per_label.items() if c not in fixed and w > cap * total * (1 + 1e-9)}
+        if not over:
+            break
+        fixed |= over
+    return {
+        s: w * cap * total / per_label[labels[s]] if labels[s] in fixed else w
+        for s, w in weights.items()
+    }
+
+
+def test_cap_weight_per_class(ds):
+    labels = dict(ds.get_metadata().select("sample_id", "label").iter_rows())
+    # uniform weights: label shares 40, 80, 120, 160, 200 of 600; at 0.25 the two
+    # largest are capped and the third lands exactly on the cap
+    ds.apply_sql("cap_weight_per_class", cap=0.25)
+    shares = ds.sql(
+        "SELECT label, sum(weight) / (SELECT sum(weight) FROM metadata) AS share "
+        "FROM metadata GROUP BY label ORDER BY label"
+    )["share"].to_list()
+    assert shares == pytest.approx([40 / 480, 80 / 480, 0.25, 0.25, 0.25])
+    assert weights_by_sample(ds) == pytest.approx(capped(dict.fromkeys(labels, 1.0), labels, 0.25))
+    # after focal weights, as the iteration computes it; rows keep their ratios in a label
+    ds.checkout(0)
+    register_scores(ds)
+    focal_version = ds.apply_sql("focal_weights", gamma=3)
+    focal = weights_by_sample(ds)
+    for cap in (0.3, 0.21, 1.0, 0.05):
+        ds.checkout(focal_version)
+        ds.apply_sql("cap_weight_per_class", cap=cap)
+        assert weights_by_sample(ds) == pytest.approx(capped(focal, labels, cap), rel=1e-9)
+    # the last cap, 0.05, is below 1/5 and cannot be met: every label gets a fifth
+    shares = ds.sql(
+        "SELECT sum(weight) / (SELECT sum(weight) FROM metadata) AS share "
+        "FROM metadata GROUP BY label"
+    )["share"].to_list()
+    assert shares == pytest.approx([0.2] * 5)

@@ -210,6 +210,35 @@ class Dataset:
         stream, nulls = arrow_stream(data, "register()")
         self._native.register(name, stream, nulls=nulls)
 
+    def score_log(self, name: str = "loss", run: str | None = None, *, flush_rows: int = 1 << 16):
+        """A per-sample score log of this dataset, written as run ``run``.
+
+        Ranks and workers of a training run record one value per drawn sample
+        (loss, gradient norm, correctness) keyed by ``(run, epoch, draw
+        position)``, without coordinating::
+
+            log = ds.score_log("loss", run="exp1")
+            log.append_batch(batch, losses, epoch=epoch)  # a Batch knows its draws
+            log.flush()  # before saving a checkpoint
+            log.register("scores")  # SQL table `scores`, for the sql/ recipes
+            ds.apply_sql("loss_ema_weights", alpha=0.5)
+
+        ``name`` and ``run`` (default ``"default"``) follow the rule of source
+        names: 1-200 characters from ``[A-Za-z0-9._-]``, not starting with
+        ``.``, ``_`` or ``-``. Rows are buffered in the process and written as
+        one Arrow IPC segment per flush (by itself every ``flush_rows`` rows)
+        under ``<snapshot dir>/_scores/<name>/<run>/``. Reading keeps one row
+        per key, the newest, so a step replayed after a resume replaces its
+        rows; a killed process loses only the rows it had not flushed. A
+        resumed run must use the same ``run``. See :mod:`datasetrt.scores`.
+
+        Logs need a local dataset for now: for a remote (``s3://``) dataset
+        this raises :class:`InvalidInputError`.
+        """
+        from .scores import ScoreLog
+
+        return ScoreLog(self, name, run, flush_rows=flush_rows)
+
     def datafusion_table(self) -> Any:
         """The active population for the ``datafusion`` Python package (zero-copy, FFI)::
 

@@ -99,8 +99,10 @@ class _Lists:
         )
 
 
-def _unpickle_batch(rows, cache_id, sample_id, data, frame) -> Batch:
-    return Batch(_Lists(rows, cache_id, sample_id, data), frame)
+def _unpickle_batch(rows, cache_id, sample_id, data, frame, draws=None) -> Batch:
+    batch = Batch(_Lists(rows, cache_id, sample_id, data), frame)
+    batch._draws = draws
+    return batch
 
 
 class Batch(HtmlRepr):
@@ -114,12 +116,23 @@ class Batch(HtmlRepr):
       over a copy otherwise;
     - ``cache_id``, ``sample_id``, ``rows``: lists of ints (``rows`` index
       the loader's snapshot); ``metadata``: a polars DataFrame of the rows;
+    - ``draws``: the global draw positions of the rows in the epoch's
+      sequence (what a score log keys its rows by);
     - ``to_arrow()`` / ``__arrow_c_array__``: the record batch itself, for
       ``pl.DataFrame(batch.to_arrow())`` or ``pyarrow.record_batch(batch)``;
       raw payloads stay views over the mapped shard there too.
     """
 
-    __slots__ = ("_cache_id", "_data", "_frame", "_metadata", "_native", "_rows", "_sample_id")
+    __slots__ = (
+        "_cache_id",
+        "_data",
+        "_draws",
+        "_frame",
+        "_metadata",
+        "_native",
+        "_rows",
+        "_sample_id",
+    )
 
     def __init__(self, native: Any, frame: pl.DataFrame):
         self._native: _native.Batch = native
@@ -129,6 +142,7 @@ class Batch(HtmlRepr):
         self._cache_id: list[int] | None = None
         self._sample_id: list[int] | None = None
         self._data: list[bytes] | None = None
+        self._draws: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self._native)
@@ -136,7 +150,7 @@ class Batch(HtmlRepr):
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # the lists travel; the mapping does not (``to_arrow`` then gives a
         # polars DataFrame of row, identity and data)
-        columns = (self.rows, self.cache_id, self.sample_id, self.data, self._frame)
+        columns = (self.rows, self.cache_id, self.sample_id, self.data, self._frame, self.draws)
         return _unpickle_batch, columns
 
     @property
@@ -156,6 +170,16 @@ class Batch(HtmlRepr):
         if self._sample_id is None:
             self._sample_id = self._native.sample_id()
         return self._sample_id
+
+    @property
+    def draws(self) -> list[int]:
+        """The global draw positions of the rows: draw ``k`` of the epoch's one
+        sequence (over all ranks and workers), the key a score log needs."""
+        if self._draws is None:
+            if isinstance(self._native, _Lists):
+                raise AttributeError("this batch was pickled without its draw positions")
+            self._draws = self._native.draws()
+        return self._draws
 
     @property
     def data(self) -> list[bytes]:

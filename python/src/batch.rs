@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use arrow::array::{AsArray, ByteView, RecordBatch, MAX_INLINE_VIEW_LEN};
 use arrow::buffer::Buffer;
-use arrow::datatypes::{Int64Type, UInt32Type};
+use arrow::datatypes::{Int64Type, UInt32Type, UInt64Type};
 use datasetrt::store::CacheSet;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyMemoryView, PySlice};
@@ -80,7 +80,8 @@ pub struct PyBatch {
     pub maps: Arc<ShardMaps>,
 }
 
-/// Positions of the loader batch's columns (`draw` is 0).
+/// Positions of the loader batch's columns.
+const DRAW: usize = 0;
 const ROW: usize = 1;
 const CACHE_ID: usize = 2;
 const SAMPLE_ID: usize = 3;
@@ -122,6 +123,15 @@ impl PyBatch {
 impl PyBatch {
     fn __len__(&self) -> usize {
         self.batch.num_rows()
+    }
+
+    /// Global draw positions of the rows (draw `k` of the epoch's sequence).
+    fn draws(&self) -> Vec<u64> {
+        self.batch
+            .column(DRAW)
+            .as_primitive::<UInt64Type>()
+            .values()
+            .to_vec()
     }
 
     /// Rows of the loader's snapshot, in draw order.

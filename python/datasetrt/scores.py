@@ -1,0 +1,621 @@
+"""Per-sample score logs: a value per drawn sample (loss, gradient norm,
+correctness) recorded by every rank and worker of a training run, kept by the
+dataset as a table for SQL and Polars.
+
+>>> log = ds.score_log("loss", run="exp1")  # doctest: +SKIP
+>>> for batch in ds.loader(64, seed=7, epoch=epoch):  # doctest: +SKIP
+...     losses = train_step(batch)  # one value per sample
+...     log.append_batch(batch, losses, epoch=epoch)
+>>> log.flush()  # at a checkpoint, before saving the loader state  # doctest: +SKIP
+>>> log.register("scores")  # doctest: +SKIP
+>>> ds.apply_sql("loss_ema_weights", alpha=0.5)  # doctest: +SKIP
+
+On disk a log is a folder of Arrow IPC files (uncompressed, written by
+polars) beside the dataset's metadata snapshots::
+
+    <snapshot dir>/_scores/<log name>/<run>/<written_ns>-<seq>-r<rank>-w<worker>-p<pid>.arrow
+
+Each file (a *segment*) holds the rows one process flushed at once, with
+columns ``epoch`` (UInt64), ``position`` (UInt64), ``cache_id``, ``sample_id``
+(Int64), ``value`` (Float64) and ``rank`` (UInt32). Its name starts with
+``written_ns``, the time of the flush in nanoseconds (20 digits, so names sort
+by it), and the writer's segment number. Processes never write the same file,
+so any number of ranks and workers append without coordinating. (The time is
+in the name, not in a column: the disk writes per row are the cost of
+logging, 44 bytes a row.)
+
+Guarantees:
+
+- **Exactly once.** A row's key is ``(run, epoch, position)``: the run, the
+  epoch and the global draw position of the sample (``Batch.draws``). Reading
+  keeps, for each key, the row of the newest segment (the last file name:
+  the largest ``written_ns``, then the writer's segment number, rank, worker
+  and pid), and within one segment the row appended last, so a step replayed
+  after a resume replaces its rows instead of counting twice. Another
+  reader of the files (DuckDB, a glob in polars) gets the same table by
+  keeping the row of the last file name per key. A process's segments get
+  increasing ``written_ns`` even if its clock steps back; across processes
+  the order is the wall clock, so a resumed run must start after the crashed
+  one's last flush (it does, unless clocks disagree by more than the
+  restart takes).
+- **Crash-safe.** A segment is written to a temporary name, fsynced and
+  renamed, and the folder fsynced: a reader sees a whole segment or none,
+  and a killed process loses only the rows it had not flushed. Temporary
+  files of dead processes on this machine are removed by the next process
+  that flushes to the same run.
+- **Checked input.** A rejected :meth:`ScoreLog.append` raises
+  :class:`InvalidInputError` and buffers nothing.
+"""
+
+from __future__ import annotations
+
+import array
+import math
+import os
+import socket
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from . import _native
+from ._state import U64, check_epoch, check_int, distributed_defaults
+from .exceptions import InvalidInputError, StorageError
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+
+#: Folder of the score logs inside the dataset's snapshot directory.
+SCORES_DIR = "_scores"
+
+#: Rows buffered in memory before :meth:`ScoreLog.append` writes a segment by itself.
+FLUSH_ROWS = 1 << 16
+
+#: The columns of :meth:`ScoreLog.frame` (and of the registered SQL table).
+SCHEMA = {
+    "run": pl.String,
+    "epoch": pl.UInt64,
+    "position": pl.UInt64,
+    "cache_id": pl.Int64,
+    "sample_id": pl.Int64,
+    "value": pl.Float64,
+    "rank": pl.UInt32,
+}
+KEY = ["run", "epoch", "position"]
+
+_I64 = 1 << 63
+_TEMP_PREFIX = ".tmp-"
+
+
+def check_name(name: object, what: str) -> str:
+    """``name`` if it can name a log or a run (the engine's rule of source
+    names: they become directory names too)."""
+    try:
+        if not isinstance(name, str):
+            raise InvalidInputError("not a str")
+        _native.check_source_name(name)
+    except InvalidInputError:
+        raise InvalidInputError(
+            f"invalid {what} name {name!r}: use 1-200 characters from [A-Za-z0-9._-], "
+            f"not starting with '.', '_' or '-'"
+        ) from None
+    return name
+
+
+def _is_name(name: str) -> bool:
+    try:
+        check_name(name, "run")
+    except InvalidInputError:
+        return False
+    return True
+
+
+def log_root(dataset: Dataset) -> Path:
+    """``<snapshot dir>/_scores`` of a local dataset."""
+    remote = [p for p in dataset._paths if "://" in p]
+    if remote:
+        raise InvalidInputError(
+            f"score logs need a local dataset for now; {remote[0]} is remote "
+            f"(log to a local dataset, or write the values to a file and register() it)"
+        )
+    return dataset.snapshot_path.parent / SCORES_DIR
+
+
+class ScoreLog:
+    """One named log of per-sample values, written as one run; see :mod:`datasetrt.scores`.
+
+    Get one with :meth:`Dataset.score_log`. Rows are buffered in this process
+    and written as one segment by :meth:`flush`, by :meth:`append` once
+    ``flush_rows`` rows are buffered, by :meth:`close` (and leaving a
+    ``with`` block), when the log is garbage-collected, and at interpreter
+    exit. A process that is killed loses the rows appended since its last
+    flush: flush before saving a checkpoint, and a resume replays exactly
+    the steps whose rows may be missing (their rows then replace any that
+    did land).
+
+    A log pickles as (dataset, name, run): a copy sent to another process
+    starts with an empty buffer. After ``fork`` the child drops the rows the
+    parent had buffered (the parent writes them). A process that ends with
+    ``os._exit`` (a ``fork``-started multiprocessing child, such as a
+    DataLoader worker) runs no exit hooks: flush or close its logs first.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        name: str = "loss",
+        run: str | None = None,
+        *,
+        flush_rows: int = FLUSH_ROWS,
+    ):
+        self.name = check_name(name, "score log")
+        self.run = check_name("default" if run is None else run, "run")
+        self.flush_rows = check_int(flush_rows, "flush_rows", 1, 1 << 30)
+        self.dataset = dataset
+        self.path = log_root(dataset) / self.name
+        self._writer = _Writer(self.path / self.run, self.flush_rows)
+        self._finalizer = weakref.finalize(self, self._writer.flush)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_reopen, (self.dataset, self.name, self.run, self.flush_rows))
+
+    def __repr__(self) -> str:
+        return (
+            f"<datasetrt.ScoreLog {self.name!r} run {self.run!r}, "
+            f"{self._writer.rows} rows buffered>"
+        )
+
+    # -- writing -----------------------------------------------------------------
+    def append(
+        self,
+        cache_id: Any,
+        sample_id: Any,
+        values: Any,
+        *,
+        epoch: int,
+        position: int | Any,
+    ) -> None:
+        """Buffer one row per sample: ``(epoch, position) -> (cache_id, sample_id, value)``.
+
+        ``cache_id``, ``sample_id`` and ``values`` are equally long lists,
+        tuples, numpy arrays, polars Series or torch tensors (any device;
+        torch is never imported here). Identities are integers; values are
+        finite numbers (bools count as 0/1). ``position`` is the global draw
+        position of the first row (the rows then have consecutive positions)
+        or one position per row: the ``draw`` a loader batch carries
+        (:attr:`Batch.draws`). A row replaces any earlier row of the same
+        ``(run, epoch, position)``. Anything else raises
+        :class:`InvalidInputError` and buffers nothing. Identities are not
+        looked up: a row naming no sample of the dataset stays in the log,
+        and joins with ``metadata`` leave it out.
+        """
+        epoch = check_epoch(epoch)
+        cids = _ints(cache_id, "cache_id")
+        sids = _ints(sample_id, "sample_id")
+        vals = _floats(values, "values")
+        n = len(cids)
+        if len(sids) != n or len(vals) != n:
+            raise InvalidInputError(
+                f"cache_id, sample_id and values must be equally long, "
+                f"got {n}, {len(sids)} and {len(vals)}"
+            )
+        if isinstance(position, int):  # a bool is refused here
+            positions: int | array.array = check_int(position, "position", 0, U64 - max(n, 1))
+        else:
+            positions = _ints(position, "position", unsigned=True)
+            if len(positions) != n:
+                raise InvalidInputError(
+                    f"position must be an int or one position per row "
+                    f"({n} rows), got {len(positions)} positions"
+                )
+        if n:
+            self._writer.add(epoch, positions, cids, sids, vals)
+
+    def append_batch(
+        self, batch: Any, values: Any, *, epoch: int, position: int | Any | None = None
+    ) -> None:
+        """:meth:`append` the rows of one batch: a :class:`datasetrt.Batch` (its
+        identities and draw positions) or a dict with ``cache_id`` and
+        ``sample_id`` (``datasetrt.torch.default_output``) and, if present,
+        ``draw`` (``default_output`` carries it). ``position`` is needed
+        when the batch does not carry its draws (a ``transform`` of your own
+        that leaves ``draw`` out).
+        """
+        if isinstance(batch, dict):
+            cids, sids, draws = batch["cache_id"], batch["sample_id"], batch.get("draw")
+        else:
+            cids, sids, draws = batch.cache_id, batch.sample_id, getattr(batch, "draws", None)
+        if position is None:
+            if draws is None:
+                raise InvalidInputError(
+                    "this batch does not carry its draw positions: pass position="
+                )
+            position = draws
+        self.append(cids, sids, values, epoch=epoch, position=position)
+
+    def flush(self) -> int:
+        """Write the rows buffered in this process as one segment (crash-safe);
+        returns how many rows were written (0: nothing was buffered).
+
+        When the segment cannot be written (disk full, permissions) it raises
+        :class:`StorageError` and keeps the rows buffered for the next flush;
+        so does :meth:`append` when it flushes by itself."""
+        return self._writer.flush()
+
+    def close(self) -> None:
+        """Flush, and refuse further appends."""
+        self._finalizer()
+        self._writer.closed = True
+
+    def __enter__(self) -> ScoreLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading -----------------------------------------------------------------
+    def runs(self) -> list[str]:
+        """The runs this log holds segments of, sorted."""
+        if not self.path.is_dir():
+            return []
+        return sorted(p.name for p in self.path.iterdir() if p.is_dir() and _is_name(p.name))
+
+    def frame(self, run: str | None = None) -> pl.DataFrame:
+        """The log as a polars DataFrame, one row per ``(run, epoch, position)``.
+
+        Columns: ``run``, ``epoch``, ``position``, ``cache_id``,
+        ``sample_id``, ``value``, ``rank`` (the writer's), in the order the
+        rows were flushed (runs by name). Each key keeps the row of the
+        newest segment (see the module). It
+        reads the segments every process has flushed up to now, of ``run``
+        (a name) or of every run (``None``); this process's buffered rows are
+        flushed first.
+        """
+        self.flush()
+        runs = self.runs() if run is None else [check_name(run, "run")]
+        parts = [_newest(self.path / name, name) for name in runs]
+        parts = [p for p in parts if p is not None]
+        return pl.concat(parts) if parts else pl.DataFrame(schema=SCHEMA)
+
+    def register(self, table: str | None = None, *, run: str | None = None) -> pl.DataFrame:
+        """Make :meth:`frame` (of ``run``, or of every run) a SQL table of the
+        dataset, named ``table`` (default: the log's name); returns that frame.
+
+        The table is a snapshot taken now: rows flushed later appear in SQL
+        only when ``register`` is called again. The ``sql/`` recipes read a
+        table named ``scores``: ``log.register("scores")``. A log name that is
+        not a plain identifier is quoted in SQL (``FROM "grad-norm"``).
+        """
+        frame = self.frame(run)
+        self.dataset.register(self.name if table is None else table, frame)
+        return frame
+
+
+def _newest(directory: Path, run: str) -> pl.DataFrame | None:
+    """The rows of one run's segments, the newest of each (epoch, position)."""
+    segments = _segments(directory)  # oldest first: the last row of a key is the newest
+    if not segments:
+        return None
+    rows = pl.scan_ipc(segments).collect()
+    # one UInt64 key hashes about 3x faster than the pair, when both fit in it
+    bits = int(rows["position"].max()).bit_length()
+    if bits < 64 and int(rows["epoch"].max()).bit_length() + bits <= 64:
+        key = pl.col("epoch") * pl.lit(1 << bits, pl.UInt64) + pl.col("position")
+    else:
+        key = pl.struct("epoch", "position")
+    rows = rows.filter(key.is_last_distinct())
+    return rows.with_columns(run=pl.lit(run, pl.String)).select(list(SCHEMA))
+
+
+def _reopen(dataset: Dataset, name: str, run: str, flush_rows: int) -> ScoreLog:
+    return ScoreLog(dataset, name, run, flush_rows=flush_rows)
+
+
+# -- input conversion: exact types, no numpy needed ------------------------------
+def _plain(values: Any) -> Any:
+    """A torch tensor (on any device) as numpy or a list; anything else as is."""
+    if hasattr(values, "detach") and hasattr(values, "cpu"):  # torch, never imported here
+        values = values.detach().cpu()
+        try:
+            return values.numpy()
+        except (RuntimeError, TypeError):  # bfloat16, or torch built without numpy
+            return values.tolist()
+    if isinstance(values, pl.Series):
+        return values.to_list() if "numpy" not in sys.modules else values.to_numpy()
+    return values
+
+
+def _ints(values: Any, column: str, *, unsigned: bool = False) -> array.array:
+    """An array of int64 (``unsigned``: non-negative, uint64) of a 1-d input."""
+    code = "Q" if unsigned else "q"
+    if type(values) is list:  # the common case, first: a batch's lists
+        try:
+            return array.array(code, values)
+        except (TypeError, OverflowError):
+            pass  # explained below
+    values = _plain(values)
+    dtype = getattr(values, "dtype", None)
+    if dtype is not None and hasattr(values, "ndim"):  # numpy
+        if values.ndim != 1:
+            raise _invalid(
+                f"{column} must be one-dimensional, got shape {values.shape}", column, None
+            )
+        if values.size and dtype.kind not in "iu":
+            raise _invalid(f"{column} must hold integers, got dtype {dtype}", column, None)
+        if values.size and (
+            (unsigned and dtype.kind == "i" and values.min() < 0)
+            or (not unsigned and dtype.kind == "u" and values.max() >= _I64)
+        ):
+            bad = int(values.min() if unsigned else values.max())
+            raise _invalid(f"{column} value {bad} is out of range", column, bad)
+        return array.array(code, values.astype("<u8" if unsigned else "<i8").tobytes())
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        raise InvalidInputError(
+            f"{column} must be a list, array or tensor of integers, not {type(values).__name__}"
+        )
+    try:
+        return array.array(code, values)
+    except (TypeError, OverflowError) as exc:
+        bad = next((v for v in values if not _fits(v, unsigned)), None)
+        low, high = (0, U64 - 1) if unsigned else (-_I64, _I64 - 1)
+        raise _invalid(
+            f"{column} must hold integers in [{low}, {high}], got {bad!r}", column, bad
+        ) from exc
+
+
+def _invalid(message: str, column: str, value: Any, row: int | None = None) -> InvalidInputError:
+    """An :class:`InvalidInputError` naming its culprit in attributes."""
+    value = repr(value)
+    err = InvalidInputError(
+        message if len(value) <= 60 else message.replace(value, value[:57] + "...")
+    )
+    err.column, err.value, err.row = column, value, row
+    return err
+
+
+def _is_float(v: Any) -> bool:
+    try:
+        float(v)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return not isinstance(v, (str, bytes))
+
+
+def _fits(v: Any, unsigned: bool) -> bool:
+    if isinstance(v, bool) or not isinstance(v, int):
+        return False
+    return 0 <= v < U64 if unsigned else -_I64 <= v < _I64
+
+
+def _floats(values: Any, column: str) -> array.array:
+    """An array of finite float64 of a 1-d input."""
+    if type(values) is list:  # the common case, first: ``loss.tolist()``
+        try:
+            out = array.array("d", values)
+            if math.isfinite(sum(values)):  # a finite sum proves every value finite
+                return out
+        except (TypeError, OverflowError):
+            pass  # explained below
+    values = _plain(values)
+    dtype = getattr(values, "dtype", None)
+    if dtype is not None and hasattr(values, "ndim"):  # numpy
+        if values.ndim != 1:
+            raise _invalid(
+                f"{column} must be one-dimensional, got shape {values.shape}", column, None
+            )
+        if values.size and dtype.kind not in "fiub":
+            raise _invalid(f"{column} must hold numbers, got dtype {dtype}", column, None)
+        out = array.array("d", values.astype("<f8").tobytes())
+    else:
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+            raise InvalidInputError(
+                f"{column} must be a list, array or tensor of numbers, not {type(values).__name__}"
+            )
+        try:
+            out = array.array("d", values)
+        except (TypeError, OverflowError) as exc:
+            bad = next((v for v in values if not _is_float(v)), None)
+            raise _invalid(f"{column} must hold numbers, got {bad!r}", column, bad) from exc
+    # a non-finite value makes the sum non-finite (a finite one can overflow too)
+    if not math.isfinite(sum(out)):
+        for i, v in enumerate(out):
+            if not math.isfinite(v):
+                raise _invalid(f"{column}[{i}] = {v} is not finite", column, v, row=i)
+    return out
+
+
+# -- writing segments ------------------------------------------------------------
+class _Writer:
+    """The rows this process buffered for one run of one log, and their flushing.
+
+    Kept apart from :class:`ScoreLog` so that ``weakref.finalize`` can flush
+    it when the log is collected or the interpreter exits.
+    """
+
+    def __init__(self, directory: Path, flush_rows: int):
+        self.directory = directory
+        self.flush_rows = flush_rows
+        self.lock = threading.Lock()
+        self.closed = False
+        self.seq = 0
+        self.last_ns = 0
+        self.swept = False
+        self._reset(os.getpid())
+
+    def _reset(self, pid: int) -> None:
+        self.pid = pid
+        self.rows = 0
+        self.pieces: list[tuple[int, int | array.array, int]] = []  # (epoch, positions, n)
+        self.cache_id = array.array("q")
+        self.sample_id = array.array("q")
+        self.value = array.array("d")
+
+    def _own(self) -> None:
+        """After fork, forget the parent's rows (the parent writes them)."""
+        pid = os.getpid()
+        if pid != self.pid:
+            self._reset(pid)
+            self.swept = False
+
+    def add(
+        self,
+        epoch: int,
+        positions: int | array.array,
+        cids: array.array,
+        sids: array.array,
+        vals: array.array,
+    ) -> None:
+        with self.lock:
+            if self.closed:
+                raise InvalidInputError("this score log is closed")
+            self._own()
+            self.pieces.append((epoch, positions, len(cids)))
+            self.cache_id.extend(cids)
+            self.sample_id.extend(sids)
+            self.value.extend(vals)
+            self.rows += len(cids)
+            if self.rows >= self.flush_rows:
+                self._flush()
+
+    def flush(self) -> int:
+        with self.lock:
+            self._own()
+            return self._flush()
+
+    def _flush(self) -> int:
+        rows = self.rows
+        if not rows:
+            return 0
+        stamp = max(time.time_ns(), self.last_ns + 1)
+        rank, _ = distributed_defaults(None, None)
+        epochs, positions = _keys(self.pieces)
+        frame = pl.DataFrame(
+            [
+                pl.Series("epoch", epochs, pl.UInt64),
+                pl.Series("position", positions, pl.UInt64),
+                _series("cache_id", self.cache_id, pl.Int64),
+                _series("sample_id", self.sample_id, pl.Int64),
+                _series("value", self.value, pl.Float64),
+            ]
+        ).with_columns(rank=pl.lit(rank, pl.UInt32))
+        name = f"{stamp:020d}-{self.seq:06d}-r{rank}-w{_worker()}-p{self.pid}.arrow"
+        self._publish(frame, name)
+        self.seq += 1
+        self.last_ns = stamp
+        self._reset(self.pid)
+        return rows
+
+    def _publish(self, frame: pl.DataFrame, name: str) -> None:
+        """Write ``frame`` as segment ``name``: temp name, fsync, rename, fsync the folder."""
+        directory = self.directory
+        try:
+            if not self.swept:
+                directory.mkdir(parents=True, exist_ok=True)
+                for made in directory.parents[:3]:  # <run>, <name> and _scores are entries there
+                    _sync_dir(made)
+                _remove_stale_temps(directory)
+                self.swept = True
+            temp = directory / f"{_TEMP_PREFIX}{self.pid}@{_host()}-{self.seq}-{name}"
+            try:
+                with open(temp, "xb") as f:
+                    frame.write_ipc(f, compression="uncompressed")
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.rename(temp, directory / name)
+            except BaseException:
+                temp.unlink(missing_ok=True)
+                raise
+            _sync_dir(directory)
+        except OSError as exc:
+            err = StorageError(f"cannot write score log segment in {directory}: {exc}")
+            err.path = str(directory)
+            raise err from exc
+
+
+def _series(name: str, values: array.array, dtype: Any) -> pl.Series:
+    """A buffer as a polars Series (through numpy, without a copy, if it is loaded)."""
+    return pl.Series(name, _column(values), dtype=dtype)
+
+
+def _keys(pieces: list[tuple[int, int | array.array, int]]) -> tuple[Any, Any]:
+    """The epoch and position columns of the buffered appends."""
+    np = sys.modules.get("numpy")
+    if np is not None and all(isinstance(p, int) for _, p, _ in pieces):
+        # consecutive positions from each append's first: one vectorised step
+        epochs, starts, counts = zip(*pieces, strict=True)
+        counts = np.array(counts, dtype=np.intp)
+        first_row = (np.cumsum(counts) - counts).astype(np.uint64)
+        rows = np.arange(int(counts.sum()), dtype=np.uint64)
+        shift = np.array(starts, dtype=np.uint64) - first_row  # wraps around, exactly
+        return np.repeat(np.array(epochs, dtype=np.uint64), counts), rows + np.repeat(shift, counts)
+    epochs, positions = array.array("Q"), array.array("Q")
+    for epoch, first, n in pieces:
+        epochs.extend(array.array("Q", [epoch]) * n)
+        if isinstance(first, int):
+            first = array.array("Q", range(first, first + n))
+        positions.extend(first)
+    return _column(epochs), _column(positions)
+
+
+def _column(values: array.array) -> Any:
+    """A buffer as polars takes it: a numpy view if numpy is loaded, else a list."""
+    np = sys.modules.get("numpy")
+    return values.tolist() if np is None else np.frombuffer(values, dtype=values.typecode)
+
+
+def _worker() -> str:
+    """The DataLoader worker this process is (torch is never imported here)."""
+    data = sys.modules.get("torch.utils.data")
+    info = data.get_worker_info() if data is not None else None
+    return "main" if info is None else str(info.id)
+
+
+def _segments(directory: Path) -> list[Path]:
+    """The published segments of one run, oldest first (by name: ``written_ns`` first)."""
+    if not directory.is_dir():
+        return []
+    names = [e.name for e in os.scandir(directory) if e.name.endswith(".arrow")]
+    return [directory / n for n in sorted(names) if not n.startswith(".")]
+
+
+def _sync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_HOST: list[str] = []
+
+
+def _host() -> str:
+    """This machine's name as temporary names carry it (the engine's rule)."""
+    if not _HOST:
+        try:
+            with open("/proc/sys/kernel/hostname") as f:
+                raw = f.read().strip()
+        except OSError:
+            raw = socket.gethostname()
+        name = "".join(c for c in raw if c.isascii() and (c.isalnum() or c == "."))
+        _HOST.append(name[:64] or "localhost")
+    return _HOST[0]
+
+
+def _remove_stale_temps(directory: Path) -> None:
+    """Remove temporary segments in ``directory`` of dead processes of this machine."""
+    for entry in os.scandir(directory):
+        if not entry.name.startswith(_TEMP_PREFIX):
+            continue
+        pid, _, rest = entry.name[len(_TEMP_PREFIX) :].partition("@")
+        if not pid.isdigit() or rest.partition("-")[0] != _host():
+            continue
+        if int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                os.unlink(entry.path)
+            except OSError:
+                pass  # best effort, like the engine's sweep

@@ -1,0 +1,438 @@
+"""Per-sample score logs (issue 20, part 4): rows keyed by (run, epoch,
+position) land exactly once from several ranks and workers, survive a killed
+writer up to its last flush, and turn into weights through SQL."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+import datasetrt as drt
+from conftest import Source, run_child
+from datasetrt.scores import KEY, SCHEMA
+
+N = 120  # samples in the dataset
+
+
+@pytest.fixture
+def ds(tmp_path):
+    src = Source("scores-v1", N, meta=lambda i: {"label": i % 4})
+    return drt.build(tmp_path / "root", [src], progress=False)
+
+
+def segments(log) -> list[Path]:
+    return sorted(log.path.rglob("*.arrow"))
+
+
+def ordered(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.sort("run", "epoch", "position")
+
+
+class FakeTensor:
+    """The part of ``torch.Tensor`` a log uses (torch itself takes seconds to import)."""
+
+    def __init__(self, values, dtype):
+        self.values = np.asarray(values, dtype=dtype)
+
+    def detach(self):
+        return self
+
+    def cpu(self):
+        return self
+
+    def numpy(self):
+        return self.values
+
+
+def test_append_flush_read_round_trip(ds):
+    cid = ds.caches[0]["cache_id"]
+    log = ds.score_log("loss", run="r1")
+    log.append([cid] * 3, [0, 1, 2], [0.5, 1.5, 2.5], epoch=0, position=0)
+    log.append(
+        np.full(2, cid), np.array([7, 8]), np.array([3, 4], np.float32), epoch=0, position=[10, 20]
+    )
+    log.append(
+        FakeTensor([cid], np.int64),
+        pl.Series([9]),
+        FakeTensor([True], np.bool_),
+        epoch=1,
+        position=np.array([3], np.uint64),
+    )
+    assert segments(log) == []  # buffered until flushed
+    assert log.flush() == 6 and log.flush() == 0
+    [segment] = segments(log)
+    raw = pl.read_ipc(segment)  # a plain Arrow IPC file
+    assert raw.columns == ["epoch", "position", "cache_id", "sample_id", "value", "rank"]
+    assert raw.height == 6 and int(segment.name.split("-")[0]) > 0  # written_ns, 20 digits
+    assert not [p for p in segment.parent.iterdir() if p.name.startswith(".")]  # no temp left
+
+    got = ordered(log.frame())
+    assert got.schema == pl.Schema(SCHEMA)
+    assert got.rows() == [
+        ("r1", 0, 0, cid, 0, 0.5, 0),
+        ("r1", 0, 1, cid, 1, 1.5, 0),
+        ("r1", 0, 2, cid, 2, 2.5, 0),
+        ("r1", 0, 10, cid, 7, 3.0, 0),
+        ("r1", 0, 20, cid, 8, 4.0, 0),
+        ("r1", 1, 3, cid, 9, 1.0, 0),
+    ]
+    # another handle (another process, say) reads the same table
+    assert ordered(ds.score_log("loss", run="r1").frame()).equals(got)
+    assert log.runs() == ["r1"] and ds.score_log("other").frame().is_empty()
+
+
+def test_a_replayed_step_replaces_its_rows(ds):
+    cid = ds.caches[0]["cache_id"]
+    first = ds.score_log("loss", run="r1")
+    first.append([cid] * 10, list(range(10)), [1.0] * 10, epoch=0, position=0)
+    first.flush()
+    # a resumed run replays positions 5..14 of epoch 0: a new handle, a newer segment
+    resumed = ds.score_log("loss", run="r1")
+    resumed.append([cid] * 10, list(range(5, 15)), [2.0] * 10, epoch=0, position=5)
+    # the same key twice in one buffer: the last append wins
+    resumed.append([cid], [99], [3.0], epoch=0, position=14)
+    resumed.flush()
+    # other epochs and other runs are other keys
+    resumed.append([cid] * 2, [0, 1], [4.0, 4.0], epoch=1, position=0)
+    # (a log flushes when it is garbage-collected, as this one is at once)
+    ds.score_log("loss", run="r2").append([cid], [0], [5.0], epoch=0, position=0)
+
+    got = ordered(resumed.frame())
+    r1e0 = got.filter((pl.col("run") == "r1") & (pl.col("epoch") == 0))
+    assert r1e0["position"].to_list() == list(range(15))
+    assert r1e0["value"].to_list() == [1.0] * 5 + [2.0] * 9 + [3.0]
+    assert r1e0["sample_id"][14] == 99
+    assert got.filter(pl.col("epoch") == 1)["value"].to_list() == [4.0, 4.0]
+    assert ordered(resumed.frame("r2")).rows() == [("r2", 0, 0, cid, 0, 5.0, 0)]
+    assert got.height == 15 + 2 + 1
+    assert got.group_by(KEY).len()["len"].max() == 1
+    # keys too wide for one 64-bit number are compared as pairs: the same rule
+    big = ds.score_log("loss", run="big")
+    for value in (1.0, 2.0):
+        big.append([cid] * 2, [0, 1], [value, value], epoch=7, position=(1 << 64) - 3)
+        big.append([cid], [0], [value], epoch=0, position=(1 << 64) - 3)
+        big.flush()
+    got = ordered(big.frame("big"))
+    assert got.select("epoch", "position", "value").rows() == [
+        (0, (1 << 64) - 3, 2.0),
+        (7, (1 << 64) - 3, 2.0),
+        (7, (1 << 64) - 2, 2.0),
+    ]
+    wide = ds.score_log("loss", run="wide")  # epoch 0 only, the last position there is
+    for value in (1.0, 3.0):
+        wide.append([cid], [0], [value], epoch=0, position=(1 << 64) - 1)
+        wide.flush()
+    assert wide.frame("wide").select("position", "value").rows() == [((1 << 64) - 1, 3.0)]
+
+
+def test_flush_by_size_close_and_context(ds):
+    log = ds.score_log("loss", run="r1", flush_rows=10)
+    for k in range(5):
+        log.append([0] * 5, [k] * 5, [1.0] * 5, epoch=0, position=5 * k)
+    assert len(segments(log)) == 2  # flushed at 10 and 20 rows, 5 still buffered
+    log.close()
+    assert len(segments(log)) == 3 and log.frame().height == 25
+    with pytest.raises(drt.InvalidInputError, match="closed"):
+        log.append([0], [0], [1.0], epoch=0, position=99)
+    with ds.score_log("loss", run="r2") as other:
+        other.append([0], [0], [1.0], epoch=0, position=0)
+    assert log.frame("r2").height == 1
+    # a pickled log starts empty and writes the same table
+    copy = pickle.loads(pickle.dumps(ds.score_log("loss", run="r3")))
+    copy.append([0], [0], [2.0], epoch=0, position=0)
+    assert log.frame("r3").is_empty()  # another handle's buffer is its own
+    assert copy.flush() == 1 and log.frame("r3")["value"].to_list() == [2.0]
+
+
+def test_a_failed_flush_keeps_the_rows(ds):
+    log = ds.score_log("loss", run="r1")
+    log.append([0, 0], [1, 2], [1.0, 2.0], epoch=0, position=0)
+    log.path.mkdir(parents=True)
+    (log.path / "r1").write_bytes(b"")  # a file where the run's folder goes
+    with pytest.raises(drt.StorageError, match="cannot write score log segment"):
+        log.flush()
+    (log.path / "r1").unlink()
+    assert log.flush() == 2 and log.frame()["value"].to_list() == [1.0, 2.0]
+
+
+def test_bad_names_and_inputs_raise_and_write_nothing(ds):
+    bad_names = ["", ".x", "_x", "-x", "..", "a/b", "a b", "x" * 201, "é", "x\n", 3]
+    for name in bad_names:
+        with pytest.raises(drt.InvalidInputError, match="invalid score log name"):
+            ds.score_log(name)
+        with pytest.raises(drt.InvalidInputError, match="invalid run name"):
+            ds.score_log("loss", run=name)
+    assert ds.score_log("x" * 200, run="A.b-c_1").name == "x" * 200
+
+    log = ds.score_log("loss", run="r1")
+    log.append([0], [1], [1.0], epoch=0, position=0)  # one good row
+    bad_appends = [
+        (([0, 0], [1], [1.0]), {"epoch": 0, "position": 0}, "equally long"),
+        (([0.5], [1], [1.0]), {"epoch": 0, "position": 0}, "cache_id must hold integers"),
+        (([0], ["1"], [1.0]), {"epoch": 0, "position": 0}, "sample_id must hold integers"),
+        (([0], [1 << 63], [1.0]), {"epoch": 0, "position": 0}, "sample_id must hold integers"),
+        (([0], [1], ["a"]), {"epoch": 0, "position": 0}, "values must hold numbers"),
+        (([0, 0], [1, 2], [1.0, math.nan]), {"epoch": 0, "position": 0}, r"values\[1\] = nan"),
+        (([0], [1], [math.inf]), {"epoch": 0, "position": 0}, "not finite"),
+        ((np.zeros((1, 1), np.int64), [1], [1.0]), {"epoch": 0, "position": 0}, "dimensional"),
+        ((np.array([0.0]), [1], [1.0]), {"epoch": 0, "position": 0}, "dtype float64"),
+        ((np.array([1 << 63], np.uint64), [1], [1.0]), {"epoch": 0, "position": 0}, "range"),
+        (([0], [1], np.array(["a"])), {"epoch": 0, "position": 0}, "must hold numbers"),
+        (("01", [1], [1.0]), {"epoch": 0, "position": 0}, "list, array or tensor"),
+        (([0], [1], 1.0), {"epoch": 0, "position": 0}, "list, array or tensor"),
+        (([0], [1], [1.0]), {"epoch": 0, "position": -1}, "position must be in"),
+        (([0], [1], [1.0]), {"epoch": 0, "position": [-1]}, "position must hold integers"),
+        (([0], [1], [1.0]), {"epoch": 0, "position": np.array([-1])}, "out of range"),
+        (([0, 0], [1, 2], [1.0, 2.0]), {"epoch": 0, "position": [3]}, "one position per row"),
+        (([0], [1], [1.0]), {"epoch": 0, "position": True}, "position must be an int"),
+        (([0], [1], [1.0]), {"epoch": -1, "position": 0}, "epoch must be in"),
+        (([0], [1], [1.0]), {"epoch": True, "position": 0}, "epoch must be an int"),
+        (
+            ([0, 0], [1, 2], [1.0, 2.0]),
+            {"epoch": 0, "position": (1 << 64) - 1},
+            "position must be in",
+        ),
+    ]
+    for args, kwargs, message in bad_appends:
+        with pytest.raises(drt.InvalidInputError, match=message):
+            log.append(*args, **kwargs)
+    with pytest.raises(drt.InvalidInputError, match="draw positions"):
+        log.append_batch({"cache_id": [0], "sample_id": [1]}, [1.0], epoch=0)
+    assert log.frame().rows() == [("r1", 0, 0, 0, 1, 1.0, 0)]  # only the good row
+    scores = ds.snapshot_path.parent / "_scores"
+    assert sorted(str(p.relative_to(scores)) for p in scores.rglob("*")) == [
+        "loss",
+        "loss/r1",
+        f"loss/r1/{segments(log)[0].name}",
+    ]
+
+
+def test_remote_dataset_is_refused(bucket):
+    url, options, _, _ = bucket
+    ds = drt.build(url, [Source("remote-v1", 5)], storage_options=options, progress=False)
+    with pytest.raises(drt.InvalidInputError, match="local dataset"):
+        ds.score_log("loss")
+
+
+def test_batches_carry_their_draw_positions(ds):
+    log = ds.score_log("loss", run="r1")
+    seen = []
+    for batch in ds.loader(16, seed=3, epoch=2, sampling="replacement"):
+        seen += batch.draws
+        log.append_batch(batch, [float(d) for d in batch.draws], epoch=2)
+        copy = pickle.loads(pickle.dumps(batch))
+        assert copy.draws == batch.draws
+    assert seen == list(range(N))
+    got = log.frame().sort("position")
+    assert got["value"].to_list() == [float(k) for k in range(N)]
+    rows = ds.draws(3, 2)
+    meta = ds.get_metadata()
+    assert got["sample_id"].to_list() == meta["sample_id"].gather(rows).to_list()
+    # a DataLoader batch: default_output's dict, plus "draw" added by a transform
+    as_dict = {
+        "cache_id": FakeTensor(got["cache_id"][:4], np.int64),
+        "sample_id": FakeTensor(got["sample_id"][:4], np.int64),
+        "draw": FakeTensor(range(4), np.int64),
+    }
+    log.append_batch(as_dict, FakeTensor([9.0] * 4, np.float32), epoch=2)
+    log.append_batch({**as_dict, "draw": None}, [8.0] * 4, epoch=3, position=0)
+    got = log.frame().sort("epoch", "position")
+    assert got["value"].to_list()[:5] == [9.0] * 4 + [4.0]
+    assert got.filter(pl.col("epoch") == 3)["value"].to_list() == [8.0] * 4
+    # rank 1 of 2 gets every other batch; its positions are global
+    rank1 = [d for b in ds.loader(16, seed=3, rank=1, world_size=2) for d in b.draws]
+    assert rank1 == [k for k in range(N + 8) if (k // 16) % 2 == 1]
+
+
+def test_sql_over_the_registered_log(ds):
+    cid = ds.caches[0]["cache_id"]
+    log = ds.score_log("loss", run="r1")
+    log.append([cid] * N, list(range(N)), [float(i % 7) for i in range(N)], epoch=0, position=0)
+    frame = log.register()  # table "loss": the log as of now
+    assert frame.height == N
+    per_label = ds.sql(
+        "SELECT m.label, count(*) AS n, sum(l.value) AS loss FROM metadata m "
+        "JOIN loss l USING (cache_id, sample_id) GROUP BY m.label ORDER BY m.label"
+    )
+    expected = (
+        ds.get_metadata()
+        .join(frame, on=["cache_id", "sample_id"])
+        .group_by("label")
+        .agg(n=pl.len(), loss=pl.col("value").sum())
+        .sort("label")
+    )
+    assert per_label.rows() == expected.rows()
+    # rows flushed later reach SQL when the log is registered again
+    log.append([cid], [0], [100.0], epoch=1, position=0)
+    log.flush()
+    assert ds.sql("SELECT count(*) AS n FROM loss")["n"][0] == N
+    log.register()
+    assert ds.sql("SELECT count(*) AS n FROM loss")["n"][0] == N + 1
+
+
+def test_loss_ema_recipe_commits_the_polars_weights(ds):
+    cid = ds.caches[0]["cache_id"]
+    log = ds.score_log("loss", run="r1")
+    # samples 0..89 scored: epoch e draws them in another order, some twice
+    for epoch in range(3):
+        sids = [(7 * k + epoch) % 90 for k in range(100)]
+        values = [float((s * (epoch + 2)) % 11) + 0.5 for s in sids]
+        log.append([cid] * 100, sids, values, epoch=epoch, position=0)
+    log.register("scores")
+    version = ds.apply_sql("loss_ema_weights", alpha=0.3)
+    assert ds.history()["note"][-1] == "apply_sql loss_ema_weights {'alpha': 0.3}"
+
+    # the same moving average, step by step in polars and Python
+    per_epoch = (
+        log.frame()
+        .group_by("sample_id", "epoch")
+        .agg(pl.col("value").mean())
+        .sort("sample_id", "epoch")
+    )
+    ema = {}
+    for (sid,), group in per_epoch.group_by("sample_id"):
+        avg = None
+        for value in group.sort("epoch")["value"]:
+            avg = value if avg is None else 0.3 * value + 0.7 * avg
+        ema[sid] = avg
+    fallback = sum(ema.values()) / len(ema)
+    got = ds.get_metadata()
+    assert ds.version == version and got.height == N
+    want = [ema.get(s, fallback) for s in got["sample_id"]]
+    assert got["weight"].to_list() == pytest.approx(want, rel=1e-12)
+    assert len(ema) == 90
+
+
+CHILD = r"""
+import json, os, signal, sys
+import datasetrt as drt
+from datasetrt.scores import _host
+
+root, run, plan = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+ds = drt.open(root)
+cid = ds.caches[0]["cache_id"]
+log = ds.score_log("loss", run=run, flush_rows=1 << 20)
+for action in plan["actions"]:
+    if action[0] == "append":  # one batch: epoch, first position, size
+        _, epoch, start, n = action
+        positions = list(range(start, start + n))
+        values = [p + plan["offset"] for p in positions]
+        log.append([cid] * n, [p % int(sys.argv[4]) for p in positions], values,
+                   epoch=epoch, position=start)
+    elif action[0] == "flush":
+        log.flush()
+    elif action[0] == "die":  # half a segment under a temp name, then SIGKILL
+        log._writer.directory.mkdir(parents=True, exist_ok=True)
+        torn = log._writer.directory / f".tmp-{os.getpid()}@{_host()}-9-torn.arrow"
+        torn.write_bytes(b"ARROW1\0\0" + b"\xff" * 100)
+        os.kill(os.getpid(), signal.SIGKILL)
+# leaving the interpreter flushes what is still buffered
+"""
+
+BATCH, BATCHES, CHECKPOINT = 8, 32, 16  # epoch 0: 256 draws; checkpoint after batch 16
+
+
+def run_processes(root: Path, run: str, plans: list[dict]) -> list[int]:
+    """One child per plan, all at once, as rank p // 2 (of 2), worker p % 2."""
+    procs = []
+    for p, plan in enumerate(plans):
+        env = {**os.environ, "RANK": str(p // 2), "WORLD_SIZE": "2"}
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", CHILD, str(root), run, json.dumps(plan), str(N)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    codes = []
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+            raise
+        assert proc.returncode in (0, -signal.SIGKILL), err
+        codes.append(proc.returncode)
+    return codes
+
+
+def test_two_ranks_two_workers_killed_and_resumed_log_each_draw_once(ds):
+    root = Path(ds.caches[0]["path"]).parent
+    mine = [[b for b in range(BATCHES) if b % 4 == p] for p in range(4)]
+
+    def batch(b: int) -> list:
+        return ["append", 0, b * BATCH, BATCH]
+
+    plans = []
+    for p in range(4):
+        before = [batch(b) for b in mine[p] if b < CHECKPOINT] + [["flush"]]  # the checkpoint
+        after = [batch(b) for b in mine[p] if b >= CHECKPOINT]
+        if p == 3:  # flushes two more batches, buffers two, dies mid-write
+            after = [*after[:2], ["flush"], *after[2:], ["die"]]
+        plans.append({"offset": 0, "actions": before + after})
+    assert run_processes(root, "r1", plans) == [0, 0, 0, -signal.SIGKILL]
+
+    log = ds.score_log("loss", run="r1")
+    lost = {27, 31}  # rank 1 worker 1 never flushed these batches
+    got = log.frame()  # the torn temp is not read
+    want = {k for b in range(BATCHES) if b not in lost for k in range(b * BATCH, (b + 1) * BATCH)}
+    assert set(got["position"].to_list()) == want and got.height == len(want)
+    [torn] = [p for p in (log.path / "r1").iterdir() if p.name.startswith(".tmp-")]
+
+    # resume from the checkpoint: every process replays its batches >= 16
+    replay = [
+        {"offset": 1000, "actions": [batch(b) for b in mine[p] if b >= CHECKPOINT] + [["flush"]]}
+        for p in range(4)
+    ]
+    assert run_processes(root, "r1", replay) == [0, 0, 0, 0]
+    assert not torn.exists()  # swept: its writer is dead
+
+    got = log.frame().sort("position")
+    assert got["position"].to_list() == list(range(BATCH * BATCHES))  # each draw exactly once
+    cut = CHECKPOINT * BATCH
+    assert got["value"].to_list() == [float(k + (1000 if k >= cut else 0)) for k in range(256)]
+    assert got["rank"].to_list() == [(k // BATCH) % 4 // 2 for k in range(256)]
+    assert got["sample_id"].to_list() == [k % N for k in range(256)]
+    raw = pl.concat([pl.read_ipc(p) for p in segments(log)])
+    assert raw.height == len(want) + (BATCHES - CHECKPOINT) * BATCH  # replays were written
+    names = {p.name.split("-r", 1)[1] for p in segments(log)}
+    assert {n.split("-")[0] for n in names} == {"0", "1"}  # segments name their rank
+
+
+FORK = r"""
+import os, sys
+import polars as pl
+import datasetrt as drt
+ds = drt.open(sys.argv[1])
+log = ds.score_log("loss", run="fork")
+log.append([0, 0, 0], [0, 1, 2], [1.0, 1.0, 1.0], epoch=0, position=0)  # buffered
+pid = os.fork()
+if pid == 0:  # the child writes its own rows, not the parent's
+    log.append([0, 0], [3, 4], [2.0, 2.0], epoch=0, position=3)
+    log.flush()
+    os._exit(0)
+assert os.waitpid(pid, 0)[1] == 0
+log.flush()
+print(sum(pl.read_ipc(p).height for p in sorted(log.path.rglob("*.arrow"))))
+print(log.frame().sort("position")["value"].to_list())
+"""
+
+
+def test_a_forked_child_does_not_write_the_parents_rows(ds):
+    root = Path(ds.caches[0]["path"]).parent
+    out = run_child(FORK, root).split("\n")
+    assert out[0] == "5"  # 3 rows from the parent, 2 from the child: none twice
+    assert out[1] == "[1.0, 1.0, 1.0, 2.0, 2.0]"

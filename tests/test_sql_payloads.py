@@ -242,3 +242,30 @@ def test_conditions_on_the_identity_run_before_the_payload_read(two_caches):
     assert all(d == src[c].payload(s) and n == len(d) for c, s, d, n in got.iter_rows())
     above, below = nodes_above_and_below_the_take(physical_plan(ds, mixed))
     assert "raw_len" in above and "raw_len" not in below
+
+
+@pytest.mark.parametrize(
+    ("query", "node"),
+    [
+        (JOIN + " WHERE m.sample_id = 7", "PayloadTakeExec"),
+        ("SELECT sample_id, length(data) AS n FROM payloads", "PayloadScanExec"),
+    ],
+)
+def test_a_corrupt_payload_read_through_sql_is_a_corrupt_cache_error(tmp_path, query, node):
+    """Both SQL read paths (the take a join plans to, and the scan) report the
+    damaged record as the loader does: its file, shard and offset."""
+    from conftest import Source
+
+    src = Source("fragile-v1", 64, payload=lambda i: bytes([i]) * 512)
+    drt.build(tmp_path, [src], codec="none", progress=False)
+    shard = tmp_path / "fragile-v1" / "shard-00000.drts"
+    raw = bytearray(shard.read_bytes())
+    raw[16 + 512 * 7 + 100] ^= 0x01  # one bit of sample 7's payload
+    shard.write_bytes(bytes(raw))
+    ds = drt.open(tmp_path)
+    assert node in physical_plan(ds, query)
+    with pytest.raises(drt.CorruptCacheError) as info:
+        ds.sql(query)
+    error = info.value
+    assert not isinstance(error, drt.QueryError)
+    assert (str(error.path), error.record, error.shard, error.offset) == (str(shard), 7, 0, 3600)

@@ -65,18 +65,17 @@ def test_a_loader_keeps_its_snapshot(two_caches):
 def _read_part(ds, worker, workers, out):
     """Child process: read this worker's share; report identities or the error."""
     try:
-        loader = drt.dataset.Loader(
-            ds,
+        spec = drt._native.LoaderSpec(
             batch_size=32,
             seed=9,
             epoch=2,
             threads=1,
             prefetch_bytes=1 << 20,
             prefetch_batches=2,
-            drop_last=False,
             worker=worker,
             num_workers=workers,
         )
+        loader = drt.Loader(ds, spec)
         out.put((worker, [(b.cache_id, b.sample_id) for b in loader], None))
     except Exception as exc:  # the parent asserts on the type and message
         out.put((worker, None, (type(exc).__name__, str(exc))))

@@ -45,18 +45,16 @@ def test_resuming_with_more_workers(two_caches):
     parts = [
         [
             ids(b)
-            for b in drt.dataset.Loader(
+            for b in drt.Loader(
                 ds,
-                batch_size=BS,
-                seed=None,
-                epoch=0,
-                threads=1,
-                prefetch_bytes=1 << 20,
-                prefetch_batches=2,
-                drop_last=False,
-                worker=w,
-                num_workers=3,
-                resume=state,
+                drt._native.LoaderSpec(
+                    batch_size=BS,
+                    prefetch_bytes=1 << 20,
+                    prefetch_batches=2,
+                    worker=w,
+                    num_workers=3,
+                    resume=state,
+                ),
             )
         ]
         for w in range(3)

@@ -15,7 +15,7 @@ What counts as a native object (parsed, not imported):
 - ``_native.<Class>(...)``, and a local name assigned from it (``writer``);
 - ``self._native`` inside a wrapper class that assigns ``self._native``: the
   type of that assignment, a native class or the stub's return type of the
-  native method called (``dataset._native.loader(...)`` is a ``Loader``);
+  native method called (``dataset._native.start(...)`` is a ``Loader``);
 - ``<name>._native`` elsewhere, where ``<name>`` (or ``<obj>.<name>``) is the
   wrapper class's name in lower case (``dataset._native``,
   ``self.dataset._native``).
@@ -64,16 +64,18 @@ NOT_WRAPPED: dict[tuple[str, str], str] = {
 
 
 #: Native classes handed to users as they are (``Loader.plan`` is a
-#: ``DrawPlan``): their members are the API, documented in the stub.
-EXPOSED = {"DrawPlan"}
+#: ``DrawPlan``, ``Loader.spec`` a ``LoaderSpec``): their members are the
+#: API, documented in the stub.
+EXPOSED = {"DrawPlan", "LoaderSpec"}
 
 #: Native members the wrappers use to build something of another shape, so
 #: no wrapper offers them under their own name.
 INTERNAL: dict[tuple[str, str], str] = {
-    ("Dataset", "draw_plan"): (
-        "Loader, TorchDataset and the Ray source build their draws from it; users see "
-        "the plan as Loader.plan"
+    ("Dataset", "plan"): (
+        "TorchDataset and the Ray source plan their draws from a LoaderSpec with it; users "
+        "see the plan as Loader.plan"
     ),
+    ("Dataset", "start"): "Loader starts its native loader from its LoaderSpec with it",
     ("Dataset", "pin"): "unpickling pins the snapshot the pickled Dataset had active",
 }
 
@@ -301,12 +303,42 @@ def test_every_name_in_all_exists():
     assert set(datasetrt.__all__) <= namespace.keys()
 
 
-def test_the_package_imports_have_no_cycle():
-    """Imports between the package's modules (also those inside functions, not
-    those under ``TYPE_CHECKING``) form no cycle: ``torch`` and ``loader`` are
-    used by ``dataset``, never the other way round."""
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports at run time.
+
+    Every import statement counts, at module level and inside functions and
+    methods (an import in a function closes a loop as surely as one at the
+    top: it only runs later), except those under ``if TYPE_CHECKING:``.
+    ``from . import name`` (and ``from datasetrt import name``) imports the
+    module ``name`` where the package has one, else a name the package's
+    ``__init__`` defines: that is an import of ``__init__``. A target that is
+    neither fails, so no import can fall outside the graph unnoticed.
+    """
+    modules = {p.stem for p in package.glob("*.py")} | {p.stem for p in package.glob("*.pyi")}
+    modules |= {p.parent.name for p in package.glob("*/__init__.py")}
+    top = package.name
+
+    def targets(node: ast.AST) -> set[str]:
+        if isinstance(node, ast.ImportFrom):
+            if node.level > 1:
+                raise AssertionError(
+                    f"teach this test imports from above the package: {node.module}"
+                )
+            module = node.module if node.level == 0 else f"{top}.{node.module or ''}".rstrip(".")
+            parts = (module or "").split(".")
+            if parts[0] != top:
+                return set()
+            if len(parts) > 1:
+                return {parts[1]}
+            return {a.name if a.name in modules else "__init__" for a in node.names}
+        if isinstance(node, ast.Import):
+            names = [a.name.split(".") for a in node.names if a.name.split(".")[0] == top]
+            return {n[1] if len(n) > 1 else "__init__" for n in names}
+        return set()
+
     graph: dict[str, set[str]] = {}
-    for path, tree in wrapper_modules().items():
+    for path in sorted(package.glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
         typing_only = {
             id(n)
             for block in ast.walk(tree)
@@ -315,28 +347,69 @@ def test_the_package_imports_have_no_cycle():
             for n in ast.walk(stmt)
         }
         graph[path.stem] = {
-            node.module.split(".")[0]
-            for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom)
-            and node.level == 1
-            and node.module
-            and id(node) not in typing_only
-        } | {
-            alias.name
-            for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom) and node.level == 1 and not node.module
-            for alias in node.names
+            target
+            for node in ast.walk(tree)  # every node: function bodies included
+            if id(node) not in typing_only
+            for target in targets(node)
         }
+        unknown = graph[path.stem] - modules
+        assert not unknown, f"{path.name} imports {sorted(unknown)}, not modules of {top}"
+    return graph
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """The first import cycle found (``[a, b, a]``), or None."""
+
+    def visit(module: str, path: tuple[str, ...]) -> list[str] | None:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        for dep in sorted(graph.get(module, ())):
+            found = visit(dep, (*path, module))
+            if found:
+                return found
+        return None
+
+    for module in sorted(graph):
+        found = visit(module, ())
+        if found:
+            return found
+    return None
+
+
+def test_the_package_imports_have_no_cycle():
+    """Imports between the package's modules (also those inside functions, not
+    those under ``TYPE_CHECKING``) form no cycle: ``torch`` and ``loader`` are
+    used by ``dataset``, never the other way round."""
+    graph = import_graph(PACKAGE)
     for module in ("torch", "loader", "_state"):
         assert "dataset" not in graph[module], f"{module}.py imports dataset.py at run time"
+    cycle = import_cycle(graph)
+    assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
 
-    def visit(module: str, path: tuple[str, ...]) -> None:
-        assert module not in path, f"import cycle: {' -> '.join((*path, module))}"
-        for dep in sorted(graph.get(module, ())):
-            visit(dep, (*path, module))
 
-    for module in graph:
-        visit(module, ())
+def test_the_cycle_check_sees_imports_inside_functions(tmp_path):
+    """The loop this check once missed: ``__init__.build_ray`` imported
+    ``ray`` in the function, and ``ray.build_ray`` took ``Dataset`` back from
+    the package (``from . import Dataset``, also in a function)."""
+    pkg = tmp_path / "datasetrt"
+    pkg.mkdir()
+    (pkg / "dataset.py").write_text("class Dataset: ...\n")
+    (pkg / "_native.pyi").write_text("")
+    (pkg / "__init__.py").write_text(
+        "from .dataset import Dataset\n\ndef build_ray():\n    from .ray import build_ray\n"
+    )
+    ray = (
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from . import Dataset\n\n"
+        "def build_ray():\n    {}\n"
+    )
+    (pkg / "ray.py").write_text(ray.format("from . import Dataset"))
+    assert import_cycle(import_graph(pkg)) == ["__init__", "ray", "__init__"]
+    (pkg / "ray.py").write_text(ray.format("import datasetrt"))
+    assert import_cycle(import_graph(pkg)) == ["__init__", "ray", "__init__"]
+    (pkg / "ray.py").write_text(ray.format("from .dataset import Dataset"))
+    assert import_cycle(import_graph(pkg)) is None
+    (pkg / "ray.py").write_text(ray.format("pass"))  # TYPE_CHECKING only: no edge
+    assert import_graph(pkg)["ray"] == set()
 
 
 def test_every_wrapped_native_member_keeps_its_name():

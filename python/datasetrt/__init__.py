@@ -143,12 +143,47 @@ def build(
     )
 
 
-def build_ray(root: PathLike, ray_dataset: Any, *, name: str, **options: Any) -> Dataset:
-    """Cache a ``ray.data.Dataset``, one cache per Ray block written by parallel
-    Ray tasks, and open them as one dataset; see :func:`datasetrt.ray.build_ray`."""
-    from .ray import build_ray as build_with_ray
+def build_ray(
+    root: PathLike,
+    ray_dataset: Any,
+    *,
+    name: str,
+    data_column: str = "data",
+    metadata_columns: Sequence[str] = (),
+    codec: str = "zstd",
+    level: int = 3,
+    shard_bytes: int = 256 << 20,
+    threads: int | None = 1,
+    snapshot_dir: PathLike | None = None,
+) -> Dataset:
+    """Cache a ``ray.data.Dataset`` under ``root``, one cache per non-empty Ray
+    block, written by parallel Ray tasks; returns them opened as one dataset.
 
-    return build_with_ray(root, ray_dataset, name=name, **options)
+    Each row of ``ray_dataset`` is a sample: ``data_column`` holds its
+    payload bytes, ``metadata_columns`` (integers, floats, bool, str or bytes)
+    become its metadata. The caches are named ``<name>-00000-of-000NN`` and
+    published only when every part is written (each into a hidden staging
+    directory first, then moved into ``root``), so ``drt.open(root)`` sees
+    all of them or none. As with :func:`build`, the name decides reuse: **if
+    the parts of ``name`` are already published under ``root`` they are
+    opened without running the Ray dataset** (their cache ids stay the same);
+    a changed preprocessing needs a new name or root. The writing is
+    :func:`datasetrt.ray.write_parts`.
+    """
+    from .ray import write_parts
+
+    caches = write_parts(
+        root,
+        ray_dataset,
+        name=name,
+        data_column=data_column,
+        metadata_columns=metadata_columns,
+        codec=codec,
+        level=level,
+        shard_bytes=shard_bytes,
+        threads=threads,
+    )
+    return Dataset(caches, snapshot_dir=snapshot_dir)
 
 
 def open(

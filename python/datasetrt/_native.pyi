@@ -75,29 +75,8 @@ class Dataset:
     def cleanup(self, keep: int, dry_run: bool = False) -> list[int]: ...
     def checkout(self, number: int) -> int: ...
     def get_item(self, cache_id: int, sample_id: int) -> tuple[bytes, int | None]: ...
-    def draw_plan(
-        self,
-        seed: int,
-        epoch: int,
-        batch_size: int,
-        sampling: str = "replacement",
-        epoch_len: int | None = None,
-        version: int | None = None,
-        drop_last: bool = False,
-        rank: int = 0,
-        world_size: int = 1,
-        worker: int = 0,
-        num_workers: int = 1,
-        start_block: int = 0,
-        resume: dict[str, Any] | None = None,
-    ) -> DrawPlan: ...
-    def loader(
-        self,
-        plan: DrawPlan,
-        prefetch_bytes: int = ...,
-        prefetch_batches: int = 8,
-        threads: int | None = None,
-    ) -> Loader: ...
+    def plan(self, spec: LoaderSpec) -> DrawPlan: ...
+    def start(self, spec: LoaderSpec) -> Loader: ...
     def draws(
         self,
         seed: int,
@@ -108,6 +87,16 @@ class Dataset:
         epoch_len: int | None = None,
         version: int | None = None,
     ) -> _ArrowTable: ...
+
+class LoaderSpec:
+    """One reader's loader request: options, defaults and checks in one place."""
+
+    def __init__(self, **options: Any) -> None: ...
+    def replace(self, **options: Any) -> LoaderSpec: ...
+    def to_dict(self) -> dict[str, Any]: ...
+    def __getattr__(self, name: str) -> Any: ...
+
+def _loader_spec(options: dict[str, Any]) -> LoaderSpec: ...
 
 class DrawPlan:
     """One reader's draws of one epoch over a pinned snapshot."""
@@ -151,6 +140,8 @@ class Batch:
 class Loader(Iterator[Batch]):
     """Yields one :class:`Batch` per batch."""
 
+    @property
+    def plan(self) -> DrawPlan: ...
     def state_dict(self) -> dict[str, Any]: ...
     def __iter__(self) -> Loader: ...
     def __next__(self) -> Batch: ...

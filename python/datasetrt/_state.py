@@ -1,9 +1,11 @@
 """Argument checks and distributed defaults: the rules the Python layer owns.
 
-Every integer argument is checked here before it reaches the native layer, so
-a bad value raises :class:`InvalidInputError` (never a ``TypeError`` or an
-``OverflowError`` from PyO3). Loader states are written and checked by the
-engine (``DrawPlan.state_after``, ``Dataset.draw_plan(resume=...)``).
+Integer arguments of the calls that do not go through a loader request are
+checked here before they reach the native layer, so a bad value raises
+:class:`InvalidInputError` (never a ``TypeError`` or an ``OverflowError``
+from PyO3). A loader's options are checked once, by the engine, when they
+become a ``_native.LoaderSpec``; loader states are written and checked by
+the engine too (``DrawPlan.state_after``, ``LoaderSpec(resume=...)``).
 
 >>> check_int(3, "count")
 3

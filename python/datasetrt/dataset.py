@@ -442,8 +442,8 @@ class Dataset:
         drop_last: bool = False,
         resume: dict[str, Any] | None = None,
         threads: int | None = None,
-        prefetch_bytes: int = 64 << 20,
-        prefetch_batches: int = 8,
+        prefetch_bytes: int | None = None,
+        prefetch_batches: int | None = None,
     ) -> Loader:
         """Batches of one epoch of draws, read ahead natively.
 
@@ -470,14 +470,16 @@ class Dataset:
         its seed, epoch, sampling, epoch length and snapshot win.
 
         Payloads are read from the mapped shards (checksums verified) by
-        ``threads`` concurrent readers while Python works on the previous
-        batch, with at most ``prefetch_bytes`` of decoded payloads (and
-        ``prefetch_batches`` batches) buffered. The loader keeps the snapshot
-        that was active when it was created.
+        ``threads`` concurrent readers (default: the cores) while Python
+        works on the previous batch, with at most ``prefetch_bytes`` of
+        decoded payloads (default 64 MiB) and ``prefetch_batches`` batches
+        (default 8) buffered. The loader keeps the snapshot that was active
+        when it was created. The options become one ``_native.LoaderSpec``,
+        which holds the defaults and checks every value once
+        (``loader.spec``).
         """
         rank, world_size = distributed_defaults(rank, world_size)
-        return Loader(
-            self,
+        spec = _native.LoaderSpec(
             batch_size=batch_size,
             seed=seed,
             epoch=epoch,
@@ -491,6 +493,7 @@ class Dataset:
             prefetch_bytes=prefetch_bytes,
             prefetch_batches=prefetch_batches,
         )
+        return Loader(self, spec)
 
     def iter(
         self,
@@ -529,9 +532,8 @@ class Dataset:
         if epoch_len is not None:
             epoch_len = check_int(epoch_len, "epoch_len", 1)
         if count is None:  # one epoch
-            count = self._native.draw_plan(
-                0, 0, 1, sampling=sampling, epoch_len=epoch_len
-            ).epoch_len
+            spec = _native.LoaderSpec(seed=0, sampling=sampling, epoch_len=epoch_len)
+            count = self._native.plan(spec).epoch_len
         table = self._native.draws(
             check_seed(seed),
             check_epoch(epoch),

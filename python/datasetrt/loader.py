@@ -14,7 +14,6 @@ import polars as pl
 
 from . import _html, _native
 from ._html import HtmlRepr
-from ._state import MAX_DRAWS, check_epoch, check_int, check_seed, check_version
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -221,66 +220,21 @@ class Batch(HtmlRepr):
 class Loader(HtmlRepr):
     """Iterator over :class:`Batch` objects; see :meth:`Dataset.loader`."""
 
-    def __init__(
-        self,
-        dataset: Dataset,
-        *,
-        batch_size: int,
-        seed: int | None,
-        epoch: int,
-        threads: int | None,
-        prefetch_bytes: int,
-        prefetch_batches: int,
-        drop_last: bool,
-        sampling: str = "replacement",
-        epoch_len: int | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-        worker: int = 0,
-        num_workers: int = 1,
-        resume: dict[str, Any] | None = None,
-        version: int | None = None,
-    ):
-        check_int(batch_size, "batch_size", 1, MAX_DRAWS)
-        check_int(prefetch_bytes, "prefetch_bytes", 1, (1 << 63) - 1)
-        check_int(prefetch_batches, "prefetch_batches", 1, 1 << 20)
-        if threads is not None:
-            check_int(threads, "threads", 1, 1024)
-        if epoch_len is not None:
-            check_int(epoch_len, "epoch_len", 1)
-        if resume is None:
-            seed, epoch = check_seed(seed), check_epoch(epoch)
-            if version is not None:
-                check_version(version)
-        else:  # the sequence and snapshot come from the state
-            seed, epoch, version = 0, 0, None
-        # the engine owns the draw arithmetic and checks a resume state
-        plan = dataset._native.draw_plan(
-            seed,
-            epoch,
-            batch_size,
-            sampling=sampling,
-            epoch_len=epoch_len,
-            version=version,
-            drop_last=drop_last,
-            rank=rank,
-            world_size=world_size,
-            worker=worker,
-            num_workers=num_workers,
-            resume=resume,
-        )
-        self.version = plan.version
+    def __init__(self, dataset: Dataset, spec: _native.LoaderSpec):
+        # one native call checks the request, plans the draws (a resume state
+        # is checked against the dataset) and starts reading ahead
+        self._native = dataset._native.start(spec)
+        self.spec = spec
+        self.version = self.plan.version
         if self.version == dataset.version:
             self._frame = dataset.get_metadata()
         else:
             self._frame = pl.DataFrame(dataset._native.get_metadata(self.version))
-        self._native = dataset._native.loader(
-            plan,
-            prefetch_bytes=prefetch_bytes,
-            prefetch_batches=prefetch_batches,
-            threads=threads,
-        )
-        self.plan = plan
+
+    @property
+    def plan(self) -> _native.DrawPlan:
+        """The engine's plan of this loader's draws (blocks, batches, ``state_after(n)``)."""
+        return self._native.plan
 
     def state_dict(self) -> dict[str, Any]:
         """A small JSON-serialisable state: resume with ``Dataset.loader(resume=state)``.

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from . import _native
 from .exceptions import InvalidInputError
 
 if TYPE_CHECKING:
@@ -103,9 +104,8 @@ def population(
             "population(): the expected draws of part of a weighted-without-replacement "
             "epoch have no closed form; leave epoch_len out, or count ds.draws(...)"
         )
-    draws = dataset._native.draw_plan(
-        0, 0, 1, sampling=sampling, epoch_len=epoch_len, version=number
-    ).epoch_len
+    spec = _native.LoaderSpec(seed=0, sampling=sampling, epoch_len=epoch_len, version=number)
+    draws = dataset._native.plan(spec).epoch_len
     return report(frame, by, draws, sampling)
 
 

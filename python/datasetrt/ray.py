@@ -1,5 +1,6 @@
 """Ray Data adapter: read a dataset's draws as a ``ray.data.Dataset``, and
-build caches from one (:func:`build_ray`, one cache per Ray block).
+write caches from one (:func:`write_parts`, one cache per Ray block, which
+:func:`datasetrt.build_ray` opens).
 
 >>> rds = ds.to_ray(batch_size=256, seed=7)                 # doctest: +SKIP
 >>> for batch in rds.iter_batches(batch_size=64, batch_format="pyarrow"):  # doctest: +SKIP
@@ -35,7 +36,7 @@ from ray.data.block import BlockMetadata
 
 from . import _native
 from ._build import CHUNK_BYTES, CHUNK_RECORDS, RESERVED
-from ._state import MAX_DRAWS, check_epoch, check_int, check_seed
+from ._state import check_int
 from .exceptions import InvalidInputError
 
 if TYPE_CHECKING:
@@ -62,23 +63,23 @@ class DrawsDatasource(Datasource):
         sampling: str,
         epoch_len: int | None,
         threads: int | None,
-        prefetch_bytes: int,
+        prefetch_bytes: int | None,
     ):
         super().__init__()
         self.dataset = dataset
         self.version = dataset.version
-        self.batch_size = check_int(batch_size, "batch_size", 1, MAX_DRAWS)
-        self.seed = check_seed(seed)
-        self.epoch = check_epoch(epoch)
-        self.sampling = sampling
-        if threads is not None:
-            check_int(threads, "threads", 1, 1024)
-        self.threads = threads
-        self.prefetch_bytes = check_int(prefetch_bytes, "prefetch_bytes", 1, (1 << 63) - 1)
-        if epoch_len is not None:
-            check_int(epoch_len, "epoch_len", 1)
-        self.epoch_len = epoch_len
-        # one reader's plan: checks sampling and epoch_len now, not in a task
+        # one request, checked once here (not in a task); it travels with the
+        # read tasks, each of which plans and reads its own range of blocks
+        self.spec = _native.LoaderSpec(
+            batch_size=batch_size,
+            seed=seed,
+            epoch=epoch,
+            sampling=sampling,
+            epoch_len=epoch_len,
+            version=self.version,
+            threads=threads,
+            prefetch_bytes=prefetch_bytes,
+        )
         plan = self.plan()
         self.epoch_len, self.blocks = plan.epoch_len, plan.blocks
         frame = dataset.get_metadata() if self.version == dataset.version else None
@@ -88,16 +89,8 @@ class DrawsDatasource(Datasource):
 
     def plan(self, start_block: int = 0) -> Any:
         """The engine's plan of this epoch for one reader (made where it is
-        used: native objects do not travel with the read tasks)."""
-        return self.dataset._native.draw_plan(
-            self.seed,
-            self.epoch,
-            self.batch_size,
-            sampling=self.sampling,
-            epoch_len=self.epoch_len,
-            version=self.version,
-            start_block=start_block,
-        )
+        used: native objects other than the spec do not travel with the tasks)."""
+        return self.dataset._native.plan(self.spec.replace(start_block=start_block))
 
     def get_name(self) -> str:
         return "DatasetRT"
@@ -149,13 +142,8 @@ class _ReadRange:
             else pl.DataFrame(dataset._native.get_metadata(src.version))
         )
         count = self.end - self.first
-        plan = src.plan(start_block=self.first)
-        loader = dataset._native.loader(
-            plan,
-            prefetch_bytes=src.prefetch_bytes,
-            prefetch_batches=max(1, min(4, count)),
-            threads=src.threads,
-        )
+        spec = src.spec.replace(start_block=self.first, prefetch_batches=max(1, min(4, count)))
+        loader = dataset._native.start(spec)
         rows: list[int] = []
         datas: list[bytes] = []
         size = 0
@@ -188,8 +176,8 @@ def read_draws(
     epoch: int = 0,
     sampling: str = "replacement",
     epoch_len: int | None = None,
-    threads: int | None = 1,
-    prefetch_bytes: int = 64 << 20,
+    threads: int | None = 1,  # Ray counts a read task as one CPU
+    prefetch_bytes: int | None = None,
     override_num_blocks: int | None = None,
 ) -> ray.data.Dataset:
     """See :meth:`datasetrt.Dataset.to_ray`."""
@@ -312,7 +300,7 @@ def _published_parts(root: Path, name: str) -> dict[int, list[str]]:
     return found
 
 
-def build_ray(
+def write_parts(
     root: str | os.PathLike[str],
     ray_dataset: ray.data.Dataset,
     *,
@@ -323,23 +311,16 @@ def build_ray(
     level: int = 3,
     shard_bytes: int = 256 << 20,
     threads: int | None = 1,
-    snapshot_dir: str | os.PathLike[str] | None = None,
-) -> Dataset:
+) -> list[Path]:
     """Cache a Ray dataset under ``root``, one cache per non-empty Ray block,
-    written by parallel Ray tasks; returns them opened as one dataset.
+    written by parallel Ray tasks; returns the cache directories, in name order.
 
-    Each row of ``ray_dataset`` is a sample: ``data_column`` holds its
-    payload bytes, ``metadata_columns`` (integers, floats, bool, str or bytes)
-    become its metadata. The caches are named ``<name>-00000-of-000NN`` and
-    published only when every part is written (each into a hidden staging
-    directory first, then moved into ``root``), so ``drt.open(root)`` sees
-    all of them or none. As with :func:`datasetrt.build`, the name decides
-    reuse: **if the parts of ``name`` are already published under ``root``
-    they are opened without running the Ray dataset** (their cache ids stay
-    the same); a changed preprocessing needs a new name or root.
+    The work of :func:`datasetrt.build_ray` (documented there), which opens
+    what this returns: this module never imports the package's ``Dataset``,
+    so ``datasetrt`` and ``datasetrt.dataset`` import it in functions without
+    an import cycle. If the parts of ``name`` are already published under
+    ``root`` they are returned without running the Ray dataset.
     """
-    from . import Dataset
-
     if not isinstance(name, str):
         raise InvalidInputError(f"name must be a str, got {name!r}")
     _native.check_source_name(f"{name}-00000-of-00000")
@@ -353,13 +334,10 @@ def build_ray(
         _native.check_column_name(column)
     root = Path(root)
 
-    def opened(parts: list[str]) -> Dataset:
-        return Dataset([root / p for p in sorted(parts)], snapshot_dir=snapshot_dir)
-
     published = _published_parts(root, name)
     for parts, names in published.items():
         if len(names) == parts:
-            return opened(names)
+            return [root / n for n in sorted(names)]
     if published:
         leftovers = sorted(n for names in published.values() for n in names)
         raise InvalidInputError(
@@ -405,7 +383,7 @@ def build_ray(
             os.rename(staging / part, root / part)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return opened(names)
+    return [root / n for n in sorted(names)]
 
 
 @ray.remote

@@ -33,8 +33,9 @@ import polars as pl
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from . import _native
 from ._shared import SharedRecord
-from ._state import MAX_DRAWS, check_epoch, check_int, check_seed, distributed_defaults
+from ._state import check_epoch, check_int, distributed_defaults
 from .exceptions import InvalidInputError
 from .loader import Batch, Loader
 
@@ -96,9 +97,9 @@ class TorchDataset(IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         drop_last: bool = False,
-        threads: int | None = 1,
-        prefetch_bytes: int = 32 << 20,
-        prefetch_batches: int = 4,
+        threads: int | None = None,
+        prefetch_bytes: int | None = None,
+        prefetch_batches: int | None = None,
         transform: Callable[[Batch], Any] = default_output,
         follow: str | None = None,
     ):
@@ -194,44 +195,33 @@ class TorchDataset(IterableDataset):
             schema={"epoch": pl.Int64, "snapshot": pl.Int64},
         )
 
-    def _loader(self, worker: int, workers: int, resume: dict[str, Any] | None) -> Loader:
-        return Loader(
-            self.dataset,
+    def _spec(
+        self, worker: int = 0, workers: int = 1, resume: dict[str, Any] | None = None
+    ) -> _native.LoaderSpec:
+        """One reader's request (this rank's draws over all of its workers,
+        by default): the engine checks it and owns the arithmetic of blocks,
+        padding and resume positions."""
+        return _native.LoaderSpec(
             batch_size=self.batch_size,
             seed=self.seed,
             epoch=self.epoch,
             sampling=self.sampling,
             epoch_len=self.epoch_len,
+            version=self.version,
             rank=self.rank,
             world_size=self.world_size,
-            threads=self.threads,
-            prefetch_bytes=self.prefetch_bytes,
-            prefetch_batches=self.prefetch_batches,
             drop_last=self.drop_last,
-            worker=worker,
-            num_workers=workers,
-            resume=resume,
-            version=self.version,
-        )
-
-    def _plan(self, resume: dict[str, Any] | None = None, worker: int = 0, workers: int = 1) -> Any:
-        """This rank's draws (over all of its workers, by default) in the next
-        iteration: the engine's plan, which owns the arithmetic of blocks,
-        padding and resume positions."""
-        return self.dataset._native.draw_plan(
-            check_seed(self.seed),
-            check_epoch(self.epoch),
-            check_int(self.batch_size, "batch_size", 1, MAX_DRAWS),
-            sampling=self.sampling,
-            epoch_len=self.epoch_len,
-            version=self.version,
-            drop_last=self.drop_last,
-            rank=self.rank,
-            world_size=self.world_size,
             worker=worker,
             num_workers=workers,
             resume=self._resume if resume is None else resume,
+            threads=self.threads,
+            prefetch_bytes=self.prefetch_bytes,
+            prefetch_batches=self.prefetch_batches,
         )
+
+    def _plan(self, resume: dict[str, Any] | None = None, worker: int = 0, workers: int = 1) -> Any:
+        """This rank's draws (over all of its workers, by default) in the next iteration."""
+        return self.dataset._native.plan(self._spec(worker, workers, resume))
 
     def __len__(self) -> int:
         """Batches this rank delivers in the next iteration (over all of its
@@ -293,7 +283,7 @@ class TorchDataset(IterableDataset):
         resume, self._reader_resume = self._reader_resume or self._resume, None
         # the loader starts now (when the DataLoader asks for the iterator),
         # so that state_dict() is right before the first batch too
-        loader = self._loader(worker, workers, resume)
+        loader = Loader(self.dataset, self._spec(worker, workers, resume))
         progress = [loader.plan, 0, info is not None]
         self._progress = progress
         return self._batches(loader, progress)

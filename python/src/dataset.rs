@@ -9,9 +9,9 @@ use std::time::Duration;
 use arrow::array::{RecordBatch, UInt32Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use datasetrt::catalog::Snapshot;
-use datasetrt::load::{Loader, Prefetch};
+use datasetrt::load::Loader;
 use datasetrt::query::QuerySession;
-use datasetrt::sample::{DrawPlan, Sampling};
+use datasetrt::sample::Sampling;
 use datasetrt::store::remote::{self, Remote, RemoteOptions};
 use datasetrt::store::CacheSet;
 use datasetrt::{Dataset, OpenOptions};
@@ -22,9 +22,10 @@ use pyo3_arrow::PyTable;
 
 use crate::arrow_in::collect;
 use crate::batch::{PyBatch, ShardMaps};
-use crate::draws::{state_from_py, PyDrawPlan};
+use crate::draws::PyDrawPlan;
 use crate::error::{invalid, IntoPyResult};
 use crate::runtime::{detach, runtime, wait};
+use crate::spec::PyLoaderSpec;
 
 /// How often `select` runs its query again on a head another writer moved.
 const SELECT_RETRIES: usize = 3;
@@ -238,62 +239,12 @@ impl PyDataset {
         PyTable::try_new(vec![batch], schema)
     }
 
-    /// One reader's draws of one epoch: the sequence (seed, epoch,
-    /// sampling, epoch_len) over snapshot `version` (default: the active
-    /// one), cut into blocks of `batch_size` for rank `rank` of `world_size`
-    /// and worker `worker` of `num_workers`. With `resume` (a loader state)
-    /// the sequence, snapshot and start come from the state, once it is
-    /// checked against this dataset.
-    #[pyo3(signature = (seed, epoch, batch_size, sampling="replacement", epoch_len=None,
-                        version=None, drop_last=false, rank=0, world_size=1, worker=0,
-                        num_workers=1, start_block=0, resume=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn draw_plan(
-        &self,
-        seed: u64,
-        epoch: u64,
-        batch_size: usize,
-        sampling: &str,
-        epoch_len: Option<u64>,
-        version: Option<u64>,
-        drop_last: bool,
-        rank: u32,
-        world_size: u32,
-        worker: u32,
-        num_workers: u32,
-        start_block: u64,
-        resume: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<PyDrawPlan> {
-        let sampling = Sampling::parse(sampling).py()?;
-        // this reader's share; a resume state replaces the sequence and start
-        let reader = DrawPlan {
-            sampling,
-            seed,
-            epoch,
-            epoch_len: epoch_len.unwrap_or(1),
-            batch_size,
-            start_block,
-            drop_last,
-            rank,
-            world_size,
-            worker,
-            num_workers,
-        };
-        let (snapshot, plan) = match resume {
-            Some(state) => state_from_py(state)?.resume(&self.inner, &reader).py()?,
-            None => {
-                let snapshot = self.pinned(version)?;
-                let epoch_len = snapshot.epoch_len(sampling, epoch_len);
-                (
-                    snapshot,
-                    DrawPlan {
-                        epoch_len,
-                        ..reader
-                    },
-                )
-            }
-        };
-        plan.validate().py()?;
+    /// The snapshot and draws of the reader `spec` describes (a resume
+    /// state in it is checked against this dataset).
+    fn plan(&self, py: Python<'_>, spec: &PyLoaderSpec) -> PyResult<PyDrawPlan> {
+        let request = spec.request.clone();
+        let inner = self.inner.clone();
+        let (snapshot, plan) = detach(py, move || request.plan(&inner))?.py()?;
         Ok(PyDrawPlan { plan, snapshot })
     }
 
@@ -541,40 +492,25 @@ impl PyDataset {
         Ok((PyBytes::new(py, &bytes), row))
     }
 
-    /// Start a loader over `plan`'s draws.
-    #[pyo3(signature = (plan, prefetch_bytes=64 << 20, prefetch_batches=8, threads=None))]
-    fn loader(
-        &self,
-        plan: &PyDrawPlan,
-        prefetch_bytes: usize,
-        prefetch_batches: usize,
-        threads: Option<usize>,
-    ) -> PyResult<PyLoader> {
-        let mut prefetch = Prefetch {
-            bytes: prefetch_bytes,
-            batches: prefetch_batches,
-            ..Prefetch::default()
-        };
-        if let Some(c) = threads {
-            prefetch.concurrency = c;
-        }
+    /// Plan the reader `spec` describes and start reading ahead.
+    fn start(&self, py: Python<'_>, spec: &PyLoaderSpec) -> PyResult<PyLoader> {
+        let request = spec.request.clone();
+        let inner = self.inner.clone();
+        let (snapshot, plan) = detach(py, move || request.plan(&inner))?.py()?;
         let rt = runtime()?;
         let loader = Loader::start(
             rt.handle(),
             &self.inner,
-            plan.snapshot.clone(),
-            plan.plan.clone(),
-            prefetch,
+            snapshot.clone(),
+            plan.clone(),
+            spec.request.prefetch(),
         )
         .py()?;
         Ok(PyLoader {
             inner: Mutex::new(loader),
             caches: self.inner.cache_set(),
             maps: self.maps.clone(),
-            plan: PyDrawPlan {
-                plan: plan.plan.clone(),
-                snapshot: plan.snapshot.clone(),
-            },
+            plan: PyDrawPlan { plan, snapshot },
             delivered: AtomicU64::new(0),
         })
     }
@@ -595,6 +531,15 @@ pub struct PyLoader {
 #[pymethods]
 impl PyLoader {
     /// The state after the batches delivered so far; resume with it.
+    /// The draws this loader delivers (a copy of its plan).
+    #[getter]
+    fn plan(&self) -> PyDrawPlan {
+        PyDrawPlan {
+            plan: self.plan.plan.clone(),
+            snapshot: self.plan.snapshot.clone(),
+        }
+    }
+
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.plan
             .state_after(py, self.delivered.load(Ordering::Relaxed))

@@ -8,6 +8,7 @@ mod draws;
 mod error;
 mod ffi;
 mod runtime;
+mod spec;
 mod writer;
 
 use pyo3::prelude::*;
@@ -38,6 +39,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dataset::PyDataset>()?;
     m.add_class::<dataset::PyLoader>()?;
     m.add_class::<draws::PyDrawPlan>()?;
+    m.add_class::<spec::PyLoaderSpec>()?;
     m.add_class::<batch::PyBatch>()?;
     m.add_class::<writer::PyCacheWriter>()?;
     m.add_class::<ffi::PyTableProvider>()?;
@@ -46,6 +48,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_source_name, m)?)?;
     m.add_function(wrap_pyfunction!(check_column_name, m)?)?;
     m.add_function(wrap_pyfunction!(is_cache_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(spec::_loader_spec, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::replica_root, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::remote_caches, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::publish_remote, m)?)?;

@@ -34,8 +34,8 @@ pub struct Prefetch {
 impl Default for Prefetch {
     fn default() -> Self {
         Prefetch {
-            bytes: 64 << 20,
-            batches: 8,
+            bytes: super::DEFAULT_PREFETCH_BYTES,
+            batches: super::DEFAULT_PREFETCH_BATCHES,
             concurrency: crate::threads(),
         }
     }

@@ -3,7 +3,9 @@
 
 mod loader;
 pub mod prefetch;
+mod request;
 mod state;
 
 pub use loader::{LoadedBatch, Loader, Prefetch};
+pub use request::{LoaderRequest, DEFAULT_PREFETCH_BATCHES, DEFAULT_PREFETCH_BYTES};
 pub use state::{LoaderState, ReaderPlace};

@@ -44,8 +44,9 @@ lint: $(STAMP)
 rust-test:
 	cargo test --workspace
 
+# Every optional dependency is installed here: a skip for a missing one fails.
 py-test: develop
-	$(PY) -m pytest
+	DATASETRT_REQUIRE_ALL=1 $(PY) -m pytest
 
 # The readers of stored files under many more mutated inputs than the
 # 300 per reader that `make test` runs (engine/tests/it/fuzz.rs), and the

@@ -102,6 +102,35 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# `make test` installs every optional dependency and runs as root in CI, so
+# there a skip for a missing package, or a full-disk test that could not
+# mount its tmpfs as root, hides a broken set-up: it fails instead.
+REQUIRE_ALL = os.environ.get("DATASETRT_REQUIRE_ALL") == "1"
+
+
+def _fail_a_required_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
+    if not (REQUIRE_ALL and report.skipped) or hasattr(report, "wasxfail"):
+        return
+    reason = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr)
+    missing = "could not import" in reason
+    no_disk = "tmpfs" in reason and hasattr(os, "geteuid") and os.geteuid() == 0
+    if missing or no_disk:
+        report.outcome = "failed"
+        report.longrepr = f"skipped inside make test, where this must run: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    _fail_a_required_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    outcome = yield  # a module-level importorskip skips the whole module here
+    _fail_a_required_skip(outcome.get_result())
+
+
 @pytest.fixture(autouse=True)
 def sigint_handler_is_restored():
     """A test that leaves Ctrl-C ignored (SIG_IGN/SIG_DFL) would make a later

@@ -108,8 +108,15 @@ def steady(trials: int, run: Callable[[], Iterable[int]]) -> float:
 
 def paired(trials: int, base: Callable[[], Iterable[int]], ours: Callable[[], Iterable[int]]):
     """Median of ``ours / base`` over trials that alternate the two, so drift
-    in this machine's speed (it is shared) hits both sides alike."""
-    ratios = [steady(1, ours) / steady(1, base) for _ in range(trials)]
+    in this machine's speed (it is shared) hits both sides alike; which side
+    runs first alternates too, so neither always runs on a warmer cache."""
+    ratios = []
+    for trial in range(trials):
+        if trial % 2 == 0:
+            a, b = steady(1, ours), steady(1, base)
+        else:
+            b, a = steady(1, base), steady(1, ours)
+        ratios.append(a / b)
     return statistics.median(ratios)
 
 

@@ -26,6 +26,9 @@ PARAMS = {
     "cap_per_class": {"cap": 5, "seed": 1},
     "dev_subset": {"seed": 7, "fraction": 0.5},
     "hard_examples": {"power": 2},
+    "loss_ema_weights": {"alpha": 0.5},
+    "focal_weights": {"gamma": 2},
+    "cap_weight_per_class": {"cap": 0.3},
     "quality_filter": {"min_quality": 0.5},
     "split_by_hash": {"seed": 1, "val_fraction": 0.2, "split": "train"},
 }
@@ -59,6 +62,12 @@ def main() -> None:
             "cache_id", "sample_id", (pl.col("sample_id") % 3).cast(pl.Float64).alias("loss")
         )
         ds.register("losses", losses)
+        # the score log as users get it: appended, flushed, the SQL table `scores`
+        with ds.score_log("loss", run="check") as log:
+            log.append(
+                losses["cache_id"], losses["sample_id"], losses["loss"] + 1.0, epoch=0, position=0
+            )
+        log.register("scores")
         for recipe, params in sorted(PARAMS.items()):
             ds.checkout(0)
             version = ds.apply_sql(recipe, **params)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import subprocess
+import sys
 
 import polars as pl
 import pytest
@@ -238,3 +240,23 @@ def test_follow_the_head_a_reweight_between_epochs_changes_the_next_epoch_only(t
     again = ds.to_torch(batch_size=BS, seed=3)
     again.load_state_dict(state)
     assert [ids(b) for b in DataLoader(again, batch_size=None)] == fresh(ds, 1)
+
+
+def test_records_of_killed_makers_are_swept_by_the_next_one(two_caches, tmp_path):
+    """A killed training process never runs its finalizers: the next
+    TorchDataset made on the host removes its record."""
+    from datasetrt import _shared
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    pid = int(dead.stdout)
+    stale = os.path.join(_shared._directory(), f"datasetrt-{pid}-{'0' * 32}.json")
+    with open(stale, "w") as f:
+        f.write("{}")
+    mine = two_caches[0].to_torch(batch_size=BS, seed=3)
+    assert not os.path.exists(stale)
+    assert os.path.exists(mine._shared.path)  # a live maker's record stays

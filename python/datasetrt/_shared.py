@@ -28,6 +28,34 @@ def _directory() -> str:
     return tempfile.gettempdir()
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _sweep(directory: str) -> None:
+    """Remove the records of makers that are gone (killed, say: a finalizer
+    never ran). A reused pid keeps its file, a few hundred bytes, until that
+    process ends too."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        parts = name.split("-")
+        if len(parts) >= 3 and parts[0] == "datasetrt" and parts[1].isdigit():
+            if not _alive(int(parts[1])):
+                try:
+                    os.unlink(os.path.join(directory, name))
+                except OSError:
+                    pass
+
+
 def _remove(path: str, owner: int) -> None:
     # a forked worker holds the same object: only the owner removes the file
     if os.getpid() == owner:
@@ -40,7 +68,8 @@ def _remove(path: str, owner: int) -> None:
 class SharedRecord:
     """A small JSON record: the creating process (the owner) writes it, copies
     in other processes of the host read it. It is removed when the owner's
-    object is collected or the owner exits.
+    object is collected or the owner exits, and by the next record made on
+    the host if the owner was killed.
 
     >>> r = SharedRecord({"epoch": 0})
     >>> r.write({"epoch": 3}); r.read()
@@ -51,7 +80,9 @@ class SharedRecord:
 
     def __init__(self, value: dict[str, Any]):
         self.owner = os.getpid()
-        self.path = os.path.join(_directory(), f"datasetrt-{self.owner}-{uuid.uuid4().hex}.json")
+        directory = _directory()
+        _sweep(directory)
+        self.path = os.path.join(directory, f"datasetrt-{self.owner}-{uuid.uuid4().hex}.json")
         self.write(value)
         weakref.finalize(self, _remove, self.path, self.owner)
 

@@ -188,3 +188,24 @@ def test_a_newline_in_a_metadata_key_is_refused_and_cannot_lock_the_root(tmp_pat
     assert "\n" in drt.open(tmp_path).history()["note"][-1]
     assert len(drt.open(tmp_path)) == 3
     assert ds.get_metadata().height == 3
+
+
+def test_a_snapshot_no_update_returned_is_marked_and_removed_by_the_next_commit(two_caches):
+    """A writer killed between creating snapshot N+1 and moving the head
+    leaves a manifest no head ever named (simulated by copying one): history()
+    marks it uncommitted, and the next commit removes it and takes its number.
+    A snapshot the head left by a checkout stays committed."""
+    ds, root, _ = two_caches
+    meta = ds.get_metadata()
+    assert ds.update_metadata(meta.head(500)) == 1
+    assert ds.update_metadata(meta.head(400)) == 2
+    ds.checkout(1)
+    snapshots = ds.snapshot_path.parent
+    (snapshots / "00000003.snapshot").write_bytes((snapshots / "00000002.snapshot").read_bytes())
+    history = drt.open(root).history()
+    assert history["version"].to_list() == [0, 1, 2, 3]
+    assert history["committed"].to_list() == [True, True, True, False]
+    assert ds.update_metadata(meta.head(300)) == 3  # the orphan's number, taken again
+    history = drt.open(root).history()
+    assert history["committed"].all() and len(drt.open(root)) == 300
+    assert history["parent"].to_list() == [None, 0, 1, 1]

@@ -138,7 +138,10 @@ class Dataset:
 
     def history(self) -> pl.DataFrame:
         """Every snapshot on disk: version, created_unix_ms, rows, fingerprint,
-        note, and parent (the head it was committed on; null for the first)."""
+        note, parent (the head it was committed on; null for the first), and
+        committed: false for a snapshot no head ever named (a writer was
+        killed between creating it and moving the head; no update returned
+        it, and the next commit removes it)."""
         return pl.DataFrame(self._native.history(), schema_overrides={"parent": pl.Int64})
 
     @property

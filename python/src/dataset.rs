@@ -249,15 +249,17 @@ impl PyDataset {
     }
 
     /// One dict per snapshot on disk, oldest first: version, created_unix_ms,
-    /// rows, fingerprint, note, parent (the head it was committed on).
+    /// rows, fingerprint, note, parent (the head it was committed on), and
+    /// committed (false: a writer died before the head named it).
     fn history<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let inner = self.inner.clone();
-        let snapshots = detach(py, move || -> datasetrt::Result<Vec<_>> {
-            inner
+        let (snapshots, uncommitted) = detach(py, move || -> datasetrt::Result<_> {
+            let snapshots = inner
                 .snapshot_numbers()?
                 .into_iter()
                 .map(|n| inner.snapshot_at(n))
-                .collect()
+                .collect::<datasetrt::Result<Vec<_>>>()?;
+            Ok((snapshots, inner.uncommitted()?))
         })?
         .py()?;
         let list = PyList::empty(py);
@@ -269,6 +271,7 @@ impl PyDataset {
             d.set_item("fingerprint", s.fingerprint())?;
             d.set_item("note", s.note())?;
             d.set_item("parent", s.parent())?;
+            d.set_item("committed", !uncommitted.contains(&s.number()))?;
             list.append(d)?;
         }
         Ok(list)

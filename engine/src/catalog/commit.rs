@@ -37,6 +37,10 @@ const LOCK_FILE: &str = "HEAD.lock";
 const HEADER: &str = "datasetrt-head 1";
 /// Tag files have the head's format under their own first line.
 const TAG_HEADER: &str = "datasetrt-tag 1";
+/// The committed record, beside the head: the highest snapshot number a
+/// head has named, in the head's format under its own first line.
+pub const COMMITTED_FILE: &str = "COMMITTED";
+const COMMITTED_HEADER: &str = "datasetrt-committed 1";
 
 /// An exclusive lock on a snapshot directory's commits, released on drop
 /// (and by the kernel when the process dies, so a killed writer never
@@ -108,6 +112,37 @@ fn parse_record(header: &str, raw: &[u8]) -> Option<u64> {
         return None;
     }
     lines.next()?.strip_prefix("snapshot=")?.parse().ok()
+}
+
+/// The highest snapshot number a head of `dir` has named, as recorded; `None`
+/// where nothing is recorded yet (a directory older than the record) or the
+/// record is damaged: then no snapshot counts as uncommitted.
+pub fn read_committed(dir: &Path) -> Option<u64> {
+    let raw = std::fs::read(dir.join(COMMITTED_FILE)).ok()?;
+    parse_record(COMMITTED_HEADER, &raw)
+}
+
+/// Record that every snapshot up to `number` has been committed (the record
+/// only grows). Call it holding [`lock`].
+pub fn record_committed(dir: &Path, number: u64, _lock: &CommitLock) -> Result<()> {
+    if read_committed(dir).is_some_and(|n| n >= number) {
+        return Ok(());
+    }
+    let path = dir.join(COMMITTED_FILE);
+    fs::write_atomic(&path, encode_record(COMMITTED_HEADER, number).as_bytes())
+}
+
+/// The snapshots in `numbers` that no head ever named: manifests a writer
+/// created and then died before moving the head to them. The head names a
+/// committed snapshot, and every commit or checkout records the head before
+/// it moves it, so a snapshot above the record that is not the head was
+/// never committed. Nothing is uncommitted in a directory without a record.
+pub fn uncommitted(dir: &Path, numbers: &[u64], head: Option<u64>) -> Vec<u64> {
+    let Some(committed) = read_committed(dir) else {
+        return Vec::new();
+    };
+    let through = head.map_or(committed, |h| committed.max(h));
+    numbers.iter().copied().filter(|&n| n > through).collect()
 }
 
 /// Point the head at `number` (atomically: a temporary file renamed over it).

@@ -202,6 +202,9 @@ impl Dataset {
                             None,
                         )?;
                         commit::write_head(&snapshot_dir, n, &guard)?;
+                        if mirror.is_none() {
+                            commit::record_committed(&snapshot_dir, n, &guard)?;
+                        }
                         match &mirror {
                             Some(m) => match m.push_commit(&snapshot_dir, n, n) {
                                 Ok(()) => n,
@@ -330,12 +333,18 @@ impl Dataset {
                 head,
             });
         }
+        if self.mirror.is_none() {
+            self.settle(head, &guard)?;
+        }
         let next = Self::list_in(&self.snapshot_dir)?
             .last()
             .map_or(0, |n| n + 1);
         let number = snapshot::publish(&self.snapshot_dir, &batch, next, note, Some(head))?;
         let snapshot = Arc::new(Snapshot::open(&self.snapshot_dir, number)?);
         commit::write_head(&self.snapshot_dir, number, &guard)?;
+        if self.mirror.is_none() {
+            commit::record_committed(&self.snapshot_dir, number, &guard)?;
+        }
         if let Some(m) = &self.mirror {
             if let Err(e) = m.push_commit(&self.snapshot_dir, number, head) {
                 // the bucket refused: this directory goes back to the bucket's state
@@ -350,6 +359,39 @@ impl Dataset {
         }
         *self.active.write().expect("snapshot lock") = snapshot.clone();
         Ok(snapshot)
+    }
+
+    /// Before a commit moves the head (holding the lock): record the head as
+    /// committed (a writer may have died after moving it, before recording
+    /// it), then remove the manifests no head ever named — a writer died
+    /// between creating one and moving the head — so `history()` never
+    /// lists them and their numbers are taken again. In a directory without
+    /// a record yet, everything on disk counts as committed.
+    fn settle(&self, head: u64, guard: &commit::CommitLock) -> Result<()> {
+        let dir = &self.snapshot_dir;
+        let numbers = Self::list_in(dir)?;
+        let through = match commit::read_committed(dir) {
+            Some(_) => head,
+            None => numbers.last().copied().unwrap_or(head).max(head),
+        };
+        commit::record_committed(dir, through, guard)?;
+        for n in commit::uncommitted(dir, &numbers, Some(head)) {
+            let path = dir.join(Snapshot::file_name(n));
+            std::fs::remove_file(&path).map_err(Error::io(&path))?;
+        }
+        Ok(())
+    }
+
+    /// Snapshots on disk that no head ever named (a writer died between
+    /// creating one and moving the head): the next commit removes them.
+    /// Empty for a dataset in a bucket (its record is the bucket's head).
+    pub fn uncommitted(&self) -> Result<Vec<u64>> {
+        if self.mirror.is_some() {
+            return Ok(Vec::new());
+        }
+        let numbers = Self::list_in(&self.snapshot_dir)?;
+        let head = commit::read_head(&self.snapshot_dir)?;
+        Ok(commit::uncommitted(&self.snapshot_dir, &numbers, head))
     }
 
     /// Give snapshot `number` a name; named snapshots survive [`Dataset::cleanup`].
@@ -474,6 +516,10 @@ impl Dataset {
                                    // opened under the lock: a cleanup cannot delete it before the head
                                    // names it
         let snapshot = self.snapshot_at(number)?;
+        if self.mirror.is_none() {
+            // the head moves away from `before`: it stays on record as committed
+            commit::record_committed(&self.snapshot_dir, before, &guard)?;
+        }
         commit::write_head(&self.snapshot_dir, number, &guard)?;
         if let Some(m) = &self.mirror {
             if let Err(e) = m.push_head(&self.snapshot_dir, before) {

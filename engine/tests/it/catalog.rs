@@ -319,3 +319,31 @@ fn a_commit_never_vouches_for_a_damaged_column_file_it_did_not_write() {
     }
     assert_eq!(ds.head().unwrap(), 0);
 }
+
+#[test]
+fn a_snapshot_no_head_named_is_uncommitted_and_the_next_commit_removes_it() {
+    let (dir, ds) = two_caches();
+    let a = ds.caches()[0].id();
+    let update = |ds: &Dataset, w: f64| {
+        let batch = frame(vec![a, a], vec![1, 2], vec![w, 1.0]);
+        ds.update(&batch.schema(), &[batch], "test", None, false)
+            .unwrap()
+            .number()
+    };
+    assert_eq!((update(&ds, 1.0), update(&ds, 2.0)), (1, 2));
+    // checkout moves the head back: snapshot 2 stays committed
+    ds.checkout(1).unwrap();
+    assert!(ds.uncommitted().unwrap().is_empty());
+    // a writer killed between creating manifest 3 and moving the head
+    let snap_dir = ds.snapshot_dir().to_path_buf();
+    let name = |n: u64| snap_dir.join(datasetrt::Snapshot::file_name(n));
+    std::fs::copy(name(2), name(3)).unwrap();
+    let reopened = Dataset::open(&[dir.path().to_path_buf()], OpenOptions::default()).unwrap();
+    assert_eq!(reopened.snapshot().number(), 1);
+    assert_eq!(reopened.uncommitted().unwrap(), vec![3]);
+    // the next commit removes it and takes its number; 2 is still there
+    assert_eq!(update(&reopened, 3.0), 3);
+    assert_eq!(reopened.snapshot_numbers().unwrap(), vec![0, 1, 2, 3]);
+    assert!(reopened.uncommitted().unwrap().is_empty());
+    assert_eq!(read_manifest(&snap_dir, 3).unwrap().parent, Some(1));
+}

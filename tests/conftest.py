@@ -17,6 +17,11 @@ import pytest
 
 import datasetrt as drt
 
+# Child processes (DataLoader workers, scripts the tests start) dump their
+# Python stacks if they crash (SIGSEGV, SIGABRT...), so a crash in a worker
+# shows where it happened instead of only "killed by signal".
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+
 # Property tests: `make test` runs them derandomized (the same examples every
 # run, plus every failure ever found, pinned with @example), so CI never
 # passes or fails by chance; `make fuzz` runs them randomized at ten times

@@ -338,14 +338,8 @@ def _ints(values: Any, column: str, *, unsigned: bool = False) -> array.array:
         except (TypeError, OverflowError):
             pass  # explained below
     values = _plain(values)
-    dtype = getattr(values, "dtype", None)
-    if dtype is not None and hasattr(values, "ndim"):  # numpy
-        if values.ndim != 1:
-            raise _invalid(
-                f"{column} must be one-dimensional, got shape {values.shape}", column, None
-            )
-        if values.size and dtype.kind not in "iu":
-            raise _invalid(f"{column} must hold integers, got dtype {dtype}", column, None)
+    dtype = _numpy_dtype(values, column, "iu", "integers")
+    if dtype is not None:
         if values.size and (
             (unsigned and dtype.kind == "i" and values.min() < 0)
             or (not unsigned and dtype.kind == "u" and values.max() >= _I64)
@@ -365,6 +359,19 @@ def _ints(values: Any, column: str, *, unsigned: bool = False) -> array.array:
         raise _invalid(
             f"{column} must hold integers in [{low}, {high}], got {bad!r}", column, bad
         ) from exc
+
+
+def _numpy_dtype(values: Any, column: str, kinds: str, what: str) -> Any:
+    """The dtype of a numpy array (checked: one-dimensional, of ``kinds``), or
+    ``None`` for anything else."""
+    dtype = getattr(values, "dtype", None)
+    if dtype is None or not hasattr(values, "ndim"):
+        return None
+    if values.ndim != 1:
+        raise _invalid(f"{column} must be one-dimensional, got shape {values.shape}", column, None)
+    if values.size and dtype.kind not in kinds:
+        raise _invalid(f"{column} must hold {what}, got dtype {dtype}", column, None)
+    return dtype
 
 
 def _invalid(message: str, column: str, value: Any, row: int | None = None) -> InvalidInputError:
@@ -401,14 +408,7 @@ def _floats(values: Any, column: str) -> array.array:
         except (TypeError, OverflowError):
             pass  # explained below
     values = _plain(values)
-    dtype = getattr(values, "dtype", None)
-    if dtype is not None and hasattr(values, "ndim"):  # numpy
-        if values.ndim != 1:
-            raise _invalid(
-                f"{column} must be one-dimensional, got shape {values.shape}", column, None
-            )
-        if values.size and dtype.kind not in "fiub":
-            raise _invalid(f"{column} must hold numbers, got dtype {dtype}", column, None)
+    if _numpy_dtype(values, column, "fiub", "numbers") is not None:
         out = array.array("d", values.astype("<f8").tobytes())
     else:
         if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):

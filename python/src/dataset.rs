@@ -497,15 +497,13 @@ impl PyDataset {
 
     /// Plan the reader `spec` describes and start reading ahead.
     fn start(&self, py: Python<'_>, spec: &PyLoaderSpec) -> PyResult<PyLoader> {
-        let request = spec.request.clone();
-        let inner = self.inner.clone();
-        let (snapshot, plan) = detach(py, move || request.plan(&inner))?.py()?;
+        let plan = self.plan(py, spec)?;
         let rt = runtime()?;
         let loader = Loader::start(
             rt.handle(),
             &self.inner,
-            snapshot.clone(),
-            plan.clone(),
+            plan.snapshot.clone(),
+            plan.plan.clone(),
             spec.request.prefetch(),
         )
         .py()?;
@@ -513,7 +511,7 @@ impl PyDataset {
             inner: Mutex::new(loader),
             caches: self.inner.cache_set(),
             maps: self.maps.clone(),
-            plan: PyDrawPlan { plan, snapshot },
+            plan,
             delivered: AtomicU64::new(0),
         })
     }

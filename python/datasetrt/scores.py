@@ -10,15 +10,16 @@ dataset as a table for SQL and Polars.
 >>> log.register("scores")  # doctest: +SKIP
 >>> ds.apply_sql("loss_ema_weights", alpha=0.5)  # doctest: +SKIP
 
-On disk a log is a folder of Arrow IPC files (uncompressed, written by
-polars) beside the dataset's metadata snapshots::
+On disk a log is a folder of Arrow IPC files (uncompressed, written by the
+engine: ``datasetrt::catalog::scores``) beside the dataset's metadata
+snapshots::
 
     <snapshot dir>/_scores/<log name>/<run>/<written_ns>-<seq>-r<rank>-w<worker>-p<pid>.arrow
 
-Each file (a *segment*) holds the rows one process flushed at once, with
+Each file (a *segment*) holds the rows one process wrote at once, with
 columns ``epoch`` (UInt64), ``position`` (UInt64), ``cache_id``, ``sample_id``
 (Int64), ``value`` (Float64) and ``rank`` (UInt32). Its name starts with
-``written_ns``, the time of the flush in nanoseconds (20 digits, so names sort
+``written_ns``, the time of the write in nanoseconds (20 digits, so names sort
 by it), and the writer's segment number. Processes never write the same file,
 so any number of ranks and workers append without coordinating. (The time is
 in the name, not in a column: the disk writes per row are the cost of
@@ -52,10 +53,7 @@ from __future__ import annotations
 import array
 import math
 import os
-import socket
 import sys
-import threading
-import time
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -128,14 +126,15 @@ def log_root(dataset: Dataset) -> Path:
 class ScoreLog:
     """One named log of per-sample values, written as one run; see :mod:`datasetrt.scores`.
 
-    Get one with :meth:`Dataset.score_log`. Rows are buffered in this process
-    and written as one segment by :meth:`flush`, by :meth:`append` once
-    ``flush_rows`` rows are buffered, by :meth:`close` (and leaving a
-    ``with`` block), when the log is garbage-collected, and at interpreter
-    exit. A process that is killed loses the rows appended since its last
-    flush: flush before saving a checkpoint, and a resume replays exactly
-    the steps whose rows may be missing (their rows then replace any that
-    did land).
+    Get one with :meth:`Dataset.score_log`. Rows are buffered in this
+    process; once ``flush_rows`` rows are buffered a background thread
+    writes them as one segment (an append never waits for the disk).
+    :meth:`flush` writes every row appended so far and returns when they are
+    durable; so do :meth:`close` (and leaving a ``with`` block), the log's
+    garbage collection and interpreter exit. A process that is killed loses
+    the rows appended since its last flush: flush before saving a
+    checkpoint, and a resume replays exactly the steps whose rows may be
+    missing (their rows then replace any that did land).
 
     A log pickles as (dataset, name, run): a copy sent to another process
     starts with an empty buffer. After ``fork`` the child drops the rows the
@@ -213,7 +212,15 @@ class ScoreLog:
                     f"({n} rows), got {len(positions)} positions"
                 )
         if n:
-            self._writer.add(epoch, positions, cids, sids, vals)
+            first, each = (positions, None) if isinstance(positions, int) else (0, positions)
+            self._writer.get().append(
+                epoch,
+                first,
+                None if each is None else each.tobytes(),
+                cids.tobytes(),
+                sids.tobytes(),
+                vals.tobytes(),
+            )
 
     def append_batch(
         self, batch: Any, values: Any, *, epoch: int, position: int | Any | None = None
@@ -225,6 +232,13 @@ class ScoreLog:
         when the batch does not carry its draws (a ``transform`` of your own
         that leaves ``draw`` out).
         """
+        if position is None and type(values) is list and type(epoch) is int:
+            native = getattr(batch, "_native", None)
+            if type(native) is _native.Batch:  # the common case: the engine's columns
+                try:
+                    return self._writer.get().append_batch(native, values, epoch)
+                except (TypeError, OverflowError):
+                    pass  # the checked path below says what is wrong
         if isinstance(batch, dict):
             cids, sids, draws = batch["cache_id"], batch["sample_id"], batch.get("draw")
         else:
@@ -241,9 +255,10 @@ class ScoreLog:
         """Write the rows buffered in this process as one segment (crash-safe);
         returns how many rows were written (0: nothing was buffered).
 
-        When the segment cannot be written (disk full, permissions) it raises
-        :class:`StorageError` and keeps the rows buffered for the next flush;
-        so does :meth:`append` when it flushes by itself."""
+        When a segment cannot be written (disk full, permissions) it raises
+        :class:`StorageError` and keeps the rows for the next flush. A
+        background write that fails is reported by the next :meth:`append`
+        (which then buffers nothing) or :meth:`flush`."""
         return self._writer.flush()
 
     def close(self) -> None:
@@ -430,7 +445,9 @@ def _floats(values: Any, column: str) -> array.array:
 
 # -- writing segments ------------------------------------------------------------
 class _Writer:
-    """The rows this process buffered for one run of one log, and their flushing.
+    """This process's engine writer (``_native.ScoreWriter``) for one run of
+    one log: made at the first append, and made again in a forked child
+    (whose parent writes the rows it had buffered).
 
     Kept apart from :class:`ScoreLog` so that ``weakref.finalize`` can flush
     it when the log is collected or the interpreter exits.
@@ -439,132 +456,37 @@ class _Writer:
     def __init__(self, directory: Path, flush_rows: int):
         self.directory = directory
         self.flush_rows = flush_rows
-        self.lock = threading.Lock()
         self.closed = False
-        self.seq = 0
-        self.last_ns = 0
-        self.swept = False
-        self._reset(os.getpid())
+        self.native: _native.ScoreWriter | None = None
+        self.pid = 0
 
-    def _reset(self, pid: int) -> None:
-        self.pid = pid
-        self.rows = 0
-        self.pieces: list[tuple[int, int | array.array, int]] = []  # (epoch, positions, n)
-        self.cache_id = array.array("q")
-        self.sample_id = array.array("q")
-        self.value = array.array("d")
+    def get(self) -> _native.ScoreWriter:
+        """The writer of this process (segments are named for its rank and worker)."""
+        if self.closed:
+            raise InvalidInputError("this score log is closed")
+        native = self.native
+        if native is None or self.pid != os.getpid():
+            rank, _ = distributed_defaults(None, None)
+            native = _native.ScoreWriter(str(self.directory), rank, _worker(), self.flush_rows)
+            self.native, self.pid = native, os.getpid()
+        return native
 
-    def _own(self) -> None:
-        """After fork, forget the parent's rows (the parent writes them)."""
-        pid = os.getpid()
-        if pid != self.pid:
-            self._reset(pid)
-            self.swept = False
-
-    def add(
-        self,
-        epoch: int,
-        positions: int | array.array,
-        cids: array.array,
-        sids: array.array,
-        vals: array.array,
-    ) -> None:
-        with self.lock:
-            if self.closed:
-                raise InvalidInputError("this score log is closed")
-            self._own()
-            self.pieces.append((epoch, positions, len(cids)))
-            self.cache_id.extend(cids)
-            self.sample_id.extend(sids)
-            self.value.extend(vals)
-            self.rows += len(cids)
-            if self.rows >= self.flush_rows:
-                self._flush()
+    @property
+    def rows(self) -> int:
+        """Rows appended in this process and not yet written."""
+        if self.native is None or self.pid != os.getpid():
+            return 0
+        return self.native.pending
 
     def flush(self) -> int:
-        with self.lock:
-            self._own()
-            return self._flush()
-
-    def _flush(self) -> int:
-        rows = self.rows
-        if not rows:
+        if self.native is None or self.pid != os.getpid():
             return 0
-        stamp = max(time.time_ns(), self.last_ns + 1)
-        rank, _ = distributed_defaults(None, None)
-        epochs, positions = _keys(self.pieces)
-        frame = pl.DataFrame(
-            [
-                pl.Series("epoch", epochs, pl.UInt64),
-                pl.Series("position", positions, pl.UInt64),
-                _series("cache_id", self.cache_id, pl.Int64),
-                _series("sample_id", self.sample_id, pl.Int64),
-                _series("value", self.value, pl.Float64),
-            ]
-        ).with_columns(rank=pl.lit(rank, pl.UInt32))
-        name = f"{stamp:020d}-{self.seq:06d}-r{rank}-w{_worker()}-p{self.pid}.arrow"
-        self._publish(frame, name)
-        self.seq += 1
-        self.last_ns = stamp
-        self._reset(self.pid)
-        return rows
-
-    def _publish(self, frame: pl.DataFrame, name: str) -> None:
-        """Write ``frame`` as segment ``name``: temp name, fsync, rename, fsync the folder."""
-        directory = self.directory
         try:
-            if not self.swept:
-                directory.mkdir(parents=True, exist_ok=True)
-                for made in directory.parents[:3]:  # <run>, <name> and _scores are entries there
-                    _sync_dir(made)
-                _remove_stale_temps(directory)
-                self.swept = True
-            temp = directory / f"{_TEMP_PREFIX}{self.pid}@{_host()}-{self.seq}-{name}"
-            try:
-                with open(temp, "xb") as f:
-                    frame.write_ipc(f, compression="uncompressed")
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.rename(temp, directory / name)
-            except BaseException:
-                temp.unlink(missing_ok=True)
-                raise
-            _sync_dir(directory)
-        except OSError as exc:
-            err = StorageError(f"cannot write score log segment in {directory}: {exc}")
-            err.path = str(directory)
+            return self.native.flush()
+        except StorageError as exc:
+            err = StorageError(f"cannot write score log segment in {self.directory}: {exc}")
+            err.path = str(self.directory)
             raise err from exc
-
-
-def _series(name: str, values: array.array, dtype: Any) -> pl.Series:
-    """A buffer as a polars Series (through numpy, without a copy, if it is loaded)."""
-    return pl.Series(name, _column(values), dtype=dtype)
-
-
-def _keys(pieces: list[tuple[int, int | array.array, int]]) -> tuple[Any, Any]:
-    """The epoch and position columns of the buffered appends."""
-    np = sys.modules.get("numpy")
-    if np is not None and all(isinstance(p, int) for _, p, _ in pieces):
-        # consecutive positions from each append's first: one vectorised step
-        epochs, starts, counts = zip(*pieces, strict=True)
-        counts = np.array(counts, dtype=np.intp)
-        first_row = (np.cumsum(counts) - counts).astype(np.uint64)
-        rows = np.arange(int(counts.sum()), dtype=np.uint64)
-        shift = np.array(starts, dtype=np.uint64) - first_row  # wraps around, exactly
-        return np.repeat(np.array(epochs, dtype=np.uint64), counts), rows + np.repeat(shift, counts)
-    epochs, positions = array.array("Q"), array.array("Q")
-    for epoch, first, n in pieces:
-        epochs.extend(array.array("Q", [epoch]) * n)
-        if isinstance(first, int):
-            first = array.array("Q", range(first, first + n))
-        positions.extend(first)
-    return _column(epochs), _column(positions)
-
-
-def _column(values: array.array) -> Any:
-    """A buffer as polars takes it: a numpy view if numpy is loaded, else a list."""
-    np = sys.modules.get("numpy")
-    return values.tolist() if np is None else np.frombuffer(values, dtype=values.typecode)
 
 
 def _worker() -> str:
@@ -580,42 +502,3 @@ def _segments(directory: Path) -> list[Path]:
         return []
     names = [e.name for e in os.scandir(directory) if e.name.endswith(".arrow")]
     return [directory / n for n in sorted(names) if not n.startswith(".")]
-
-
-def _sync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-_HOST: list[str] = []
-
-
-def _host() -> str:
-    """This machine's name as temporary names carry it (the engine's rule)."""
-    if not _HOST:
-        try:
-            with open("/proc/sys/kernel/hostname") as f:
-                raw = f.read().strip()
-        except OSError:
-            raw = socket.gethostname()
-        name = "".join(c for c in raw if c.isascii() and (c.isalnum() or c == "."))
-        _HOST.append(name[:64] or "localhost")
-    return _HOST[0]
-
-
-def _remove_stale_temps(directory: Path) -> None:
-    """Remove temporary segments in ``directory`` of dead processes of this machine."""
-    for entry in os.scandir(directory):
-        if not entry.name.startswith(_TEMP_PREFIX):
-            continue
-        pid, _, rest = entry.name[len(_TEMP_PREFIX) :].partition("@")
-        if not pid.isdigit() or rest.partition("-")[0] != _host():
-            continue
-        if int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
-            try:
-                os.unlink(entry.path)
-            except OSError:
-                pass  # best effort, like the engine's sweep

@@ -92,6 +92,12 @@ const DATA: usize = 4;
 type ShardView<'py> = Option<(Bound<'py, PyAny>, u64)>;
 
 impl PyBatch {
+    /// The rows' draw positions, cache ids and sample ids.
+    pub(crate) fn identities(&self) -> (&[u64], &[i64], &[i64]) {
+        let draws = self.batch.column(DRAW).as_primitive::<UInt64Type>();
+        (draws.values(), self.ids(CACHE_ID), self.ids(SAMPLE_ID))
+    }
+
     /// The Int64 identity column at `index` (`CACHE_ID` or `SAMPLE_ID`).
     fn ids(&self, index: usize) -> &[i64] {
         self.batch

@@ -8,6 +8,7 @@ mod draws;
 mod error;
 mod ffi;
 mod runtime;
+mod scores;
 mod spec;
 mod writer;
 
@@ -42,6 +43,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<spec::PyLoaderSpec>()?;
     m.add_class::<batch::PyBatch>()?;
     m.add_class::<writer::PyCacheWriter>()?;
+    m.add_class::<scores::PyScoreWriter>()?;
     m.add_class::<ffi::PyTableProvider>()?;
     m.add("RESERVED_COLUMNS", datasetrt::store::RESERVED_COLUMNS)?;
     m.add("PAYLOAD_COLUMNS", datasetrt::store::PAYLOAD_COLUMNS)?;

@@ -4,6 +4,7 @@
 
 pub mod commit;
 mod mirror;
+pub mod scores;
 mod snapshot;
 mod validate;
 

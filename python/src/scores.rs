@@ -1,0 +1,101 @@
+//! `ScoreWriter`: the engine's score-log writer
+//! (`datasetrt::catalog::scores`) for `datasetrt.scores.ScoreLog`.
+//! Conversion only: a loader batch's own columns, or column buffers.
+
+use std::path::PathBuf;
+
+use datasetrt::catalog::scores::{Positions, ScoreWriter};
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use crate::batch::PyBatch;
+use crate::error::IntoPyResult;
+use crate::runtime::detach;
+
+#[pyclass(frozen, module = "datasetrt._native", name = "ScoreWriter")]
+pub struct PyScoreWriter {
+    inner: ScoreWriter,
+}
+
+/// Native-endian 8-byte words of a buffer (`array.array.tobytes()`).
+fn words<T>(bytes: &[u8], from: fn([u8; 8]) -> T) -> Vec<T> {
+    bytes
+        .chunks_exact(8)
+        .map(|w| from(w.try_into().expect("8 bytes")))
+        .collect()
+}
+
+#[pymethods]
+impl PyScoreWriter {
+    #[new]
+    fn new(directory: PathBuf, rank: u32, worker: &str, flush_rows: usize) -> PyResult<Self> {
+        Ok(PyScoreWriter {
+            inner: ScoreWriter::new(directory, rank, worker, flush_rows).py()?,
+        })
+    }
+
+    /// Append one row per sample of a loader batch, with its own identities
+    /// and draw positions; `values` is a list of numbers (a `TypeError` for
+    /// anything else: the caller then takes the checked path).
+    fn append_batch(
+        &self,
+        batch: &Bound<'_, PyBatch>,
+        values: &Bound<'_, PyList>,
+        epoch: u64,
+    ) -> PyResult<()> {
+        let values = values
+            .iter()
+            .map(|v| v.extract::<f64>())
+            .collect::<PyResult<Vec<f64>>>()?;
+        let (draws, cache_id, sample_id) = batch.get().identities();
+        self.inner
+            .append(epoch, Positions::Each(draws), cache_id, sample_id, &values)
+            .py()
+    }
+
+    /// Append rows given as buffers of native-endian 8-byte words: positions
+    /// from `first` on, or one per row in `positions` (uint64); `cache_id`,
+    /// `sample_id` (int64) and `values` (float64).
+    #[pyo3(signature = (epoch, first, positions, cache_id, sample_id, values))]
+    fn append(
+        &self,
+        epoch: u64,
+        first: Option<u64>,
+        positions: Option<&[u8]>,
+        cache_id: &[u8],
+        sample_id: &[u8],
+        values: &[u8],
+    ) -> PyResult<()> {
+        let each = positions.map(|p| words(p, u64::from_ne_bytes));
+        let positions = match (&each, first) {
+            (Some(p), _) => Positions::Each(p),
+            (None, Some(first)) => Positions::From(first),
+            (None, None) => Positions::From(0),
+        };
+        self.inner
+            .append(
+                epoch,
+                positions,
+                &words(cache_id, i64::from_ne_bytes),
+                &words(sample_id, i64::from_ne_bytes),
+                &words(values, f64::from_ne_bytes),
+            )
+            .py()
+    }
+
+    /// Write every appended row (durable on return); the number of rows written.
+    fn flush(&self, py: Python<'_>) -> PyResult<usize> {
+        detach(py, || self.inner.flush())?.py()
+    }
+
+    /// Rows appended and not yet durable.
+    #[getter]
+    fn pending(&self) -> usize {
+        self.inner.pending()
+    }
+
+    #[getter]
+    fn directory(&self) -> PathBuf {
+        self.inner.directory().to_path_buf()
+    }
+}

@@ -101,9 +101,12 @@ def build(
 
     ``root`` may be a bucket URL (``s3://bucket/prefix``, see :func:`open`
     for ``storage_options``, ``cache_dir`` and ``cache_bytes``): each cache is
-    then written into the local replica directory and uploaded, its MANIFEST
-    last, so readers never see a partial cache; a name already published in
-    the bucket is reused.
+    then written into a local staging directory (``cache_dir``, apart from
+    the replicas of what was read) and uploaded, its MANIFEST last, so
+    readers never see a partial cache; a name already published in the
+    bucket is reused. Only caches this call wrote, or complete ones an
+    interrupted call left staged, are uploaded: every record is checked
+    against its index first, and a replica is never taken for a source.
     """
     sources = list(sources)
     if not sources:
@@ -113,8 +116,9 @@ def build(
     options = _storage_options(storage_options)
     if url is None:
         local, published = Path(root), set()
-    else:  # written into the local replica directory, then uploaded
-        local = Path(_native.replica_root(url, None if cache_dir is None else os.fspath(cache_dir)))
+    else:  # written into a staging directory (never a replica), then uploaded
+        staging_dir = None if cache_dir is None else os.fspath(cache_dir)
+        local = Path(_native.staging_root(url, staging_dir))
         published = set(_native.remote_caches(url, options))
     for name, source in zip(names, sources, strict=True):
         if name in published:
@@ -130,8 +134,8 @@ def build(
                 threads=threads,
                 progress=progress,
             )
-        if url is not None:
-            _native.publish_remote(url, os.fspath(local / name), name, options)
+        if url is not None:  # every record is checked before the upload
+            _native.publish_staged(url, name, options, staging_dir)
     if url is None:
         return Dataset([local / name for name in names], snapshot_dir=snapshot_dir)
     return Dataset(

@@ -634,12 +634,30 @@ pub fn remote_options(
     }
 }
 
-/// The local directory that mirrors `url` (where `build` writes before it uploads).
+/// Where `build` writes the caches it uploads to `url` (never a replica).
 #[pyfunction]
 #[pyo3(signature = (url, cache_dir=None))]
-pub fn replica_root(url: &str, cache_dir: Option<PathBuf>) -> PyResult<PathBuf> {
+pub fn staging_root(url: &str, cache_dir: Option<PathBuf>) -> PyResult<PathBuf> {
     let options = remote_options(None, cache_dir, None, None);
-    Ok(Remote::new(url, options).py()?.replica_root())
+    Ok(Remote::new(url, options).py()?.staging_root())
+}
+
+/// Upload the cache `name` that `build` staged for `url`, then keep it as
+/// the replica (or remove it).
+#[pyfunction]
+#[pyo3(signature = (url, name, storage_options=None, cache_dir=None))]
+pub fn publish_staged(
+    py: Python<'_>,
+    url: String,
+    name: String,
+    storage_options: Option<Vec<(String, String)>>,
+    cache_dir: Option<PathBuf>,
+) -> PyResult<()> {
+    detach(py, move || {
+        let remote = Remote::new(&url, remote_options(storage_options, cache_dir, None, None))?;
+        remote::block_on(async move { remote.publish_staged(&name).await })?
+    })?
+    .py()
 }
 
 /// Names of the caches published at `url`.

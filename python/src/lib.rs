@@ -51,7 +51,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_column_name, m)?)?;
     m.add_function(wrap_pyfunction!(is_cache_dir, m)?)?;
     m.add_function(wrap_pyfunction!(spec::_loader_spec, m)?)?;
-    m.add_function(wrap_pyfunction!(dataset::replica_root, m)?)?;
+    m.add_function(wrap_pyfunction!(dataset::staging_root, m)?)?;
+    m.add_function(wrap_pyfunction!(dataset::publish_staged, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::remote_caches, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::publish_remote, m)?)?;
     Ok(())

@@ -36,6 +36,30 @@ pub struct Mirror {
     head: Mutex<Option<UpdateVersion>>,
 }
 
+/// Download `object` into `local` (whole, by atomic rename).
+async fn fetch<F, E>(
+    client: &Arc<dyn object_store::ObjectStore>,
+    object: &ObjectPath,
+    local: &Path,
+    failed: &F,
+) -> Result<()>
+where
+    F: Fn(&ObjectPath) -> E,
+    E: FnOnce(object_store::Error) -> Error,
+{
+    let bytes = client
+        .get(object)
+        .await
+        .map_err(failed(object))?
+        .bytes()
+        .await
+        .map_err(failed(object))?;
+    if let Some(parent) = local.parent() {
+        std::fs::create_dir_all(parent).map_err(Error::io(parent))?;
+    }
+    fs::write_atomic(local, &bytes)
+}
+
 impl Mirror {
     pub fn new(remote: Arc<Remote>, key: &str) -> Mirror {
         Mirror {
@@ -61,57 +85,118 @@ impl Mirror {
     }
 
     /// Bring into `dir` every snapshot file of the bucket it lacks, the tags
-    /// and the head (whose version later commits are conditional on).
+    /// and the head (whose version later commits are conditional on), as a
+    /// consistent cut while other machines commit: the head is read first
+    /// (everything it names was uploaded before it moved), and adopted —
+    /// written into `dir` — only once the snapshot it names and that
+    /// snapshot's column files are here and verified. A tag is adopted the
+    /// same way.
     pub fn pull(&self, dir: &Path) -> Result<()> {
         let remote = self.remote.clone();
         let base = self.base();
+        let head_object = self.object(commit::HEAD_FILE);
         let dir = dir.to_path_buf();
         let version = block_on(async move {
             let client = remote.client()?;
+            let failed = |object: &ObjectPath| {
+                let object = remote.object_url(object);
+                move |e: object_store::Error| Error::Remote {
+                    object,
+                    detail: e.to_string(),
+                }
+            };
+            // the head first: a commit uploads its snapshot before moving it
+            let head = match client.get(&head_object).await {
+                Ok(got) => {
+                    let version = UpdateVersion {
+                        e_tag: got.meta.e_tag.clone(),
+                        version: got.meta.version.clone(),
+                    };
+                    let bytes = got.bytes().await.map_err(failed(&head_object))?;
+                    Some((bytes, version))
+                }
+                Err(object_store::Error::NotFound { .. }) => None,
+                Err(e) => return Err(failed(&head_object)(e)),
+            };
             let listed: Vec<object_store::ObjectMeta> = client
                 .list(Some(&base))
                 .try_collect()
                 .await
-                .map_err(|e| Error::Remote {
-                    object: remote.object_url(&base),
-                    detail: e.to_string(),
-                })?;
-            let mut head = None;
+                .map_err(failed(&base))?;
+            let mut tags = Vec::new();
             for meta in listed {
                 let Some(parts) = meta.location.prefix_match(&base) else {
                     continue;
                 };
                 let rel: Vec<String> = parts.map(|p| p.as_ref().to_string()).collect();
                 let rel = rel.join("/");
-                let local = dir.join(&rel);
-                let is_head = rel == commit::HEAD_FILE;
-                if !is_head && !rel.starts_with("tags/") && local.exists() {
-                    continue; // manifests and columns never change
+                if rel == commit::HEAD_FILE {
+                    continue; // read above
                 }
-                let got = client
-                    .get(&meta.location)
-                    .await
-                    .map_err(|e| Error::Remote {
-                        object: remote.object_url(&meta.location),
-                        detail: e.to_string(),
-                    })?;
-                let version = UpdateVersion {
-                    e_tag: got.meta.e_tag.clone(),
-                    version: got.meta.version.clone(),
-                };
-                let bytes = got.bytes().await.map_err(|e| Error::Remote {
-                    object: remote.object_url(&meta.location),
-                    detail: e.to_string(),
-                })?;
-                if let Some(parent) = local.parent() {
-                    std::fs::create_dir_all(parent).map_err(Error::io(parent))?;
-                }
-                fs::write_atomic(&local, &bytes)?;
-                if is_head {
-                    head = Some(version);
+                if rel.starts_with("tags/") {
+                    let bytes = client
+                        .get(&meta.location)
+                        .await
+                        .map_err(failed(&meta.location))?
+                        .bytes()
+                        .await
+                        .map_err(failed(&meta.location))?;
+                    tags.push((rel, bytes));
+                } else if !dir.join(&rel).exists() {
+                    // manifests and columns never change
+                    fetch(&client, &meta.location, &dir.join(&rel), &failed).await?;
                 }
             }
-            Ok::<_, Error>(head)
+            // what the head and the tags name, should the listing have missed it
+            let mut adopt = Vec::new();
+            if let Some((bytes, version)) = head {
+                let local = dir.join(commit::HEAD_FILE);
+                let number = commit::parse_head(&bytes).ok_or_else(|| {
+                    Error::corrupt(remote.object_url(&head_object), "unreadable head record")
+                })?;
+                adopt.push((local, bytes, number, Some(version)));
+            }
+            for (rel, bytes) in tags {
+                let local = dir.join(&rel);
+                let number = commit::parse_tag(Path::new(&rel), &bytes)?;
+                adopt.push((local, bytes, number, None));
+            }
+            let mut head_version = None;
+            for (local, bytes, number, version) in adopt {
+                let manifest = Snapshot::file_name(number);
+                if std::fs::read(&local).ok().as_deref() != Some(&bytes[..]) {
+                    let mut fetched = false;
+                    if !dir.join(&manifest).exists() {
+                        let object = base.clone().join(manifest.as_str());
+                        fetch(&client, &object, &dir.join(&manifest), &failed).await?;
+                        fetched = true;
+                    }
+                    for hash in snapshot::manifest_columns(&dir, number)? {
+                        let rel = format!("{}/{hash}.arrow", snapshot::COLUMNS_DIR);
+                        if !dir.join(&rel).exists() {
+                            let mut object = base.clone();
+                            for part in rel.split('/') {
+                                object = object.join(part);
+                            }
+                            fetch(&client, &object, &dir.join(&rel), &failed).await?;
+                            fetched = true;
+                        }
+                    }
+                    if fetched {
+                        if let Some(e) = snapshot::verify_files(&dir, number).into_iter().next() {
+                            return Err(e);
+                        }
+                    }
+                    if let Some(parent) = local.parent() {
+                        std::fs::create_dir_all(parent).map_err(Error::io(parent))?;
+                    }
+                    fs::write_atomic(&local, &bytes)?;
+                }
+                if version.is_some() {
+                    head_version = version;
+                }
+            }
+            Ok::<_, Error>(head_version)
         })??;
         *self.head.lock().unwrap_or_else(|p| p.into_inner()) = version;
         Ok(())

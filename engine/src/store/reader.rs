@@ -246,6 +246,17 @@ impl Cache {
         (in_place && same).then_some((path.as_path(), mapped.len() as u64))
     }
 
+    /// Check every record's stored bytes against the checksum its index
+    /// holds (what a full local build passes and a sparse replica fails);
+    /// the first record that fails is the error.
+    pub fn check_records(&self) -> Result<()> {
+        for sample in 0..self.records() {
+            let entry = self.entry(sample)?;
+            self.stored(sample, &entry, true)?;
+        }
+        Ok(())
+    }
+
     /// Append the decoded bytes of record `sample_id` to `out`, verifying its
     /// checksum first when `verify` is set.
     pub fn read_into(&self, sample_id: u64, out: &mut Vec<u8>, verify: bool) -> Result<()> {

@@ -214,9 +214,12 @@ impl Remote {
         &self.options
     }
 
-    /// The local directory that mirrors this URL.
-    pub fn replica_root(&self) -> PathBuf {
-        self.replica_root_for(true)
+    /// Where `build` writes caches before uploading them to this URL: never
+    /// a replica directory, so a replica (a cache *of* the bucket, maybe
+    /// with holes) is never taken for a source of it.
+    pub fn staging_root(&self) -> PathBuf {
+        let hash = fnv1a(self.url.as_bytes());
+        self.options.cache_dir.join(format!("{hash:016x}-staging"))
     }
 
     /// The local directory of this URL's replicas: one for replicas that are
@@ -508,10 +511,30 @@ impl Remote {
         Ok(dir)
     }
 
+    /// Upload the cache `name` that `build` wrote into the staging root
+    /// ([`Remote::publish`]), then keep it as this machine's replica of the
+    /// published cache if there is none yet (it holds exactly the uploaded
+    /// bytes), or remove it.
+    pub async fn publish_staged(&self, name: &str) -> Result<()> {
+        let staged = self.staging_root().join(name);
+        self.publish(&staged, name).await?;
+        let replica = self.replica_root_for(true).join(name);
+        let root = self.replica_root_for(true);
+        std::fs::create_dir_all(&root).map_err(Error::io(&root))?;
+        match std::fs::rename(&staged, &replica) {
+            Ok(()) => fs::sync_dir(&root)?,
+            // a replica is there already: it syncs itself with the bucket
+            Err(_) => std::fs::remove_dir_all(&staged).map_err(Error::io(&staged))?,
+        }
+        Ok(())
+    }
+
     /// Upload the published local cache `dir` as `<url>/<name>`: data files
     /// first, the MANIFEST last and only if none is there, so a reader never
-    /// sees a partial cache. An identical MANIFEST already there is success
-    /// (a retried upload); a different one is refused.
+    /// sees a partial cache. Every record of `dir` is checked against its
+    /// index first: a cache with holes (a replica) is refused, never
+    /// uploaded. An identical MANIFEST already there is success (a retried
+    /// upload); a different one is refused.
     pub async fn publish(&self, dir: &Path, name: &str) -> Result<()> {
         let manifest_path = dir.join(MANIFEST_FILE);
         let manifest_bytes = std::fs::read(&manifest_path).map_err(Error::io(&manifest_path))?;
@@ -527,6 +550,10 @@ impl Remote {
                 )))
             };
         }
+        let local = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || super::Cache::open(&local)?.check_records())
+            .await
+            .map_err(|e| Error::internal(format!("checking the cache to upload failed: {e}")))??;
         let mut files: Vec<String> = vec![INDEX_FILE.into(), ATTRIBUTES_FILE.into()];
         files.extend((0..manifest.shard_bytes.len()).map(|i| shard_file_name(i as u32)));
         let requests = self.options.requests.min(8);

@@ -27,6 +27,7 @@
 use std::collections::VecDeque;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -117,6 +118,8 @@ struct Shared {
     writer: Writer,
     queue: Mutex<Queue>,
     done: Condvar,
+    /// `queue.error` is set (read by every append without the lock).
+    failed: AtomicBool,
 }
 
 /// Buffers the rows one process appends to one run of one score log, and
@@ -158,6 +161,7 @@ impl ScoreWriter {
                 },
                 queue: Mutex::default(),
                 done: Condvar::new(),
+                failed: AtomicBool::new(false),
             }),
         })
     }
@@ -225,8 +229,10 @@ impl ScoreWriter {
         if n == 0 {
             return Ok(());
         }
-        if let Some(err) = lock(&self.shared.queue).error.take() {
-            return Err(err);
+        if self.shared.failed.load(Ordering::Acquire) {
+            if let Some(err) = self.shared.take_error() {
+                return Err(err);
+            }
         }
         let mut rows = lock(&self.rows);
         rows.epoch.extend(std::iter::repeat_n(epoch, n));
@@ -281,13 +287,14 @@ impl ScoreWriter {
                 .unwrap_or_else(|p| p.into_inner());
         }
         queue.error = None; // what failed is tried again now
+        self.shared.failed.store(false, Ordering::Release);
         if queue.segments.is_empty() {
             return Ok(pending);
         }
         queue.writing = true;
         drop(queue);
         self.shared.write_queue();
-        match lock(&self.shared.queue).error.take() {
+        match self.shared.take_error() {
             Some(err) => Err(err),
             None => Ok(pending),
         }
@@ -295,6 +302,12 @@ impl ScoreWriter {
 }
 
 impl Shared {
+    fn take_error(&self) -> Option<Error> {
+        let mut queue = lock(&self.queue);
+        self.failed.store(false, Ordering::Release);
+        queue.error.take()
+    }
+
     /// Write the queued segments in order until none is left or one fails.
     fn write_queue(&self) {
         loop {
@@ -322,6 +335,7 @@ impl Shared {
                 Err(err) => {
                     queue.segments.push_front(rows);
                     queue.error = Some(err);
+                    self.failed.store(true, Ordering::Release);
                     queue.writing = false;
                     self.done.notify_all();
                     return;

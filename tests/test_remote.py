@@ -455,3 +455,44 @@ def test_a_rebuild_uploads_what_it_wrote_never_a_partial_replica(bucket, tmp_pat
     with pytest.raises(drt.CorruptCacheError, match="checksum"):
         drt._native.publish_remote(f"{url}-copy", replica, "big-v1", list(options.items()))
     assert "Contents" not in client.list_objects_v2(Bucket=bucket_name, Prefix="datasets/demo-copy")
+
+
+SILENT = r"""
+import socket, sys, threading, time
+import datasetrt as drt
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen(64)
+held = []
+def accept():  # take every connection, never answer
+    while True:
+        held.append(server.accept()[0])
+threading.Thread(target=accept, daemon=True).start()
+options = {"aws_endpoint": f"http://127.0.0.1:{server.getsockname()[1]}",
+           "aws_allow_http": "true", "aws_access_key_id": "a",
+           "aws_secret_access_key": "b", "aws_region": "us-east-1"}
+start = time.monotonic()
+try:
+    drt.open("s3://bkt/x", storage_options=options, cache_dir=sys.argv[1])
+except drt.StorageError as e:
+    print("StorageError", round(time.monotonic() - start, 1), len(held))
+else:
+    print("no error")
+"""
+
+
+def test_a_server_that_never_answers_fails_within_the_documented_bound(tmp_path):
+    """Default settings: a request times out after 20 s and no retry starts
+    after 15 s, so one request ends within 35 s (docs/buckets.md); opening
+    a dataset stops at the first request that fails."""
+    done = subprocess.run(
+        [sys.executable, "-c", SILENT, str(tmp_path / "c")],
+        capture_output=True,
+        text=True,
+        timeout=150,  # a hang fails here, not in pytest's timeout
+    )
+    assert done.returncode == 0, done.stderr
+    kind, seconds, connections = done.stdout.split()
+    assert kind == "StorageError", done.stdout
+    assert 19 <= float(seconds) <= 35, seconds  # the 20 s timeout, once
+    assert int(connections) >= 1

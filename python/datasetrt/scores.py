@@ -213,7 +213,7 @@ class ScoreLog:
                 )
         if n:
             first, each = (positions, None) if isinstance(positions, int) else (0, positions)
-            self._writer.get().append(
+            self._writer.append(
                 epoch,
                 first,
                 None if each is None else each.tobytes(),
@@ -236,7 +236,7 @@ class ScoreLog:
             native = getattr(batch, "_native", None)
             if type(native) is _native.Batch:  # the common case: the engine's columns
                 try:
-                    return self._writer.get().append_batch(native, values, epoch)
+                    return self._writer.append_batch(native, values, epoch)
                 except (TypeError, OverflowError):
                     pass  # the checked path below says what is wrong
         if isinstance(batch, dict):
@@ -264,7 +264,7 @@ class ScoreLog:
     def close(self) -> None:
         """Flush, and refuse further appends."""
         self._finalizer()
-        self._writer.closed = True
+        self._writer.close()
 
     def __enter__(self) -> ScoreLog:
         return self
@@ -457,36 +457,47 @@ class _Writer:
         self.directory = directory
         self.flush_rows = flush_rows
         self.closed = False
-        self.native: _native.ScoreWriter | None = None
-        self.pid = 0
+        self._native: _native.ScoreWriter | None = None
+        self.pid = 0  # the process self._native belongs to (0: none yet, -1: closed)
 
-    def get(self) -> _native.ScoreWriter:
-        """The writer of this process (segments are named for its rank and worker)."""
+    def _start(self) -> None:
+        """A writer of this process (segments are named for its rank and worker)."""
         if self.closed:
             raise InvalidInputError("this score log is closed")
-        native = self.native
-        if native is None or self.pid != os.getpid():
-            rank, _ = distributed_defaults(None, None)
-            native = _native.ScoreWriter(str(self.directory), rank, _worker(), self.flush_rows)
-            self.native, self.pid = native, os.getpid()
-        return native
+        rank, _ = distributed_defaults(None, None)
+        self._native = _native.ScoreWriter(str(self.directory), rank, _worker(), self.flush_rows)
+        self.pid = os.getpid()
+
+    def append_batch(self, batch: _native.Batch, values: list[Any], epoch: int) -> None:
+        if self.pid != os.getpid():
+            self._start()
+        self._native.append_batch(batch, values, epoch)  # type: ignore[union-attr]
+
+    def append(self, epoch: int, first: int, *columns: bytes | None) -> None:
+        if self.pid != os.getpid():
+            self._start()
+        self._native.append(epoch, first, *columns)  # type: ignore[union-attr]
 
     @property
     def rows(self) -> int:
         """Rows appended in this process and not yet written."""
-        if self.native is None or self.pid != os.getpid():
+        if self._native is None or self.pid != os.getpid():
             return 0
-        return self.native.pending
+        return self._native.pending
 
     def flush(self) -> int:
-        if self.native is None or self.pid != os.getpid():
+        if self._native is None or self.pid != os.getpid():
             return 0
         try:
-            return self.native.flush()
+            return self._native.flush()
         except StorageError as exc:
             err = StorageError(f"cannot write score log segment in {self.directory}: {exc}")
             err.path = str(self.directory)
             raise err from exc
+
+    def close(self) -> None:
+        self.closed = True
+        self.pid = -1  # the next append checks, and refuses
 
 
 def _worker() -> str:

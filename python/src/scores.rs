@@ -93,9 +93,4 @@ impl PyScoreWriter {
     fn pending(&self) -> usize {
         self.inner.pending()
     }
-
-    #[getter]
-    fn directory(&self) -> PathBuf {
-        self.inner.directory().to_path_buf()
-    }
 }

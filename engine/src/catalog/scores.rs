@@ -26,7 +26,7 @@
 
 use std::collections::VecDeque;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -164,11 +164,6 @@ impl ScoreWriter {
                 failed: AtomicBool::new(false),
             }),
         })
-    }
-
-    /// The folder segments are written to.
-    pub fn directory(&self) -> &Path {
-        &self.shared.writer.directory
     }
 
     /// Rows appended and not yet durable (buffered, queued or being written).
@@ -376,6 +371,7 @@ mod tests {
     use super::*;
     use arrow::array::AsArray;
     use arrow::datatypes::{Float64Type, UInt64Type};
+    use std::path::Path;
 
     fn segments(dir: &Path) -> Vec<PathBuf> {
         let mut names: Vec<PathBuf> = fs::read_dir(dir)

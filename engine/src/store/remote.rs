@@ -409,11 +409,17 @@ impl Remote {
     /// Names of the published caches directly below the URL (maybe none).
     pub async fn list_caches(&self) -> Result<Vec<String>> {
         let client = self.client()?;
-        if client.head(&self.object(&[MANIFEST_FILE])).await.is_ok() {
-            return Err(Error::invalid(format!(
-                "{} is one cache; open the prefix that holds it (its parent)",
-                self.url
-            )));
+        let own_manifest = self.object(&[MANIFEST_FILE]);
+        match client.head(&own_manifest).await {
+            Ok(_) => {
+                return Err(Error::invalid(format!(
+                    "{} is one cache; open the prefix that holds it (its parent)",
+                    self.url
+                )))
+            }
+            Err(object_store::Error::NotFound { .. }) => {}
+            // a server that fails here fails the listing too: one wait, not two
+            Err(e) => return Err(self.error(&own_manifest, None, e)),
         }
         let listing = client
             .list_with_delimiter(Some(&self.prefix))

@@ -1,34 +1,17 @@
 //! `DrawPlan` and loader states across the boundary. The arithmetic (blocks,
-//! batches per reader, resume positions, padding) and the checks of a state
-//! are the engine's (`sample::DrawPlan`, `load::LoaderState`); here they are
-//! only converted.
+//! batches per reader, resume positions, padding) and a state's format and
+//! checks are the engine's (`sample::DrawPlan`, `load::state`); here they
+//! are only converted.
 
 use std::sync::Arc;
 
 use datasetrt::catalog::Snapshot;
-use datasetrt::load::{LoaderState, ReaderPlace};
-use datasetrt::sample::{DrawPlan, Sampling};
+use datasetrt::load::{LoaderState, StateValue};
+use datasetrt::sample::DrawPlan;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt};
 
-use crate::error::{invalid, IntoPyResult};
-
-/// The `format` key of every loader state.
-pub const STATE_FORMAT: &str = "datasetrt-loader-state";
-
-/// The layout of the state dict this build writes and reads.
-const STATE_VERSION: u64 = 1;
-
-/// The keys a state must have (`batch_size` is informational).
-const STATE_KEYS: [&str; 7] = [
-    "epoch",
-    "epoch_len",
-    "fingerprint",
-    "position",
-    "sampling",
-    "seed",
-    "snapshot",
-];
+use crate::error::IntoPyResult;
 
 /// One reader's draws of one epoch over a pinned snapshot.
 #[pyclass(frozen, module = "datasetrt._native", name = "DrawPlan")]
@@ -120,128 +103,57 @@ impl PyDrawPlan {
     }
 }
 
-/// A state as plain, JSON-serialisable data.
+/// A state as plain, JSON-serialisable data (the engine's fields).
 pub fn state_to_py<'py>(py: Python<'py>, state: &LoaderState) -> PyResult<Bound<'py, PyDict>> {
+    fn value<'py>(py: Python<'py>, v: &StateValue) -> PyResult<Bound<'py, PyAny>> {
+        Ok(match v {
+            StateValue::Int(i) => i.into_pyobject(py)?.into_any(),
+            StateValue::Str(s) => s.into_pyobject(py)?.into_any(),
+            StateValue::Map(m) => {
+                let d = PyDict::new(py);
+                for (k, v) in m {
+                    d.set_item(k, value(py, v)?)?;
+                }
+                d.into_any()
+            }
+            StateValue::Other(shown) => shown.into_pyobject(py)?.into_any(),
+        })
+    }
     let d = PyDict::new(py);
-    d.set_item("format", STATE_FORMAT)?;
-    d.set_item("version", STATE_VERSION)?;
-    d.set_item("seed", state.seed)?;
-    d.set_item("epoch", state.epoch)?;
-    d.set_item("sampling", state.sampling.name())?;
-    d.set_item("epoch_len", state.epoch_len)?;
-    d.set_item("batch_size", state.batch_size)?;
-    d.set_item("snapshot", state.snapshot)?;
-    d.set_item("fingerprint", &state.fingerprint)?;
-    d.set_item("position", state.position)?;
-    if let Some(place) = &state.reader {
-        let r = PyDict::new(py);
-        r.set_item("rank", place.rank)?;
-        r.set_item("world_size", place.world_size)?;
-        r.set_item("worker", place.worker)?;
-        r.set_item("num_workers", place.num_workers)?;
-        r.set_item("resume_block", place.resume_block)?;
-        d.set_item("reader", r)?;
+    for (key, v) in state.to_fields() {
+        d.set_item(key, value(py, &v)?)?;
     }
     Ok(d)
 }
 
-/// A state from `Loader.state_dict()` (after JSON, too); anything else is an
-/// `InvalidInputError` naming what is wrong.
+/// A Python value as a state value: ints that fit 64 bits (not bools),
+/// strings and dicts as such, anything else by its `repr`.
+fn state_value(v: &Bound<'_, PyAny>) -> StateValue {
+    let shown = || StateValue::Other(v.repr().map_or_else(|_| "?".into(), |r| r.to_string()));
+    if v.is_instance_of::<PyBool>() {
+        shown()
+    } else if v.is_instance_of::<PyInt>() {
+        v.extract::<u64>().map_or_else(|_| shown(), StateValue::Int)
+    } else if let Ok(s) = v.extract::<String>() {
+        StateValue::Str(s)
+    } else if let Ok(d) = v.cast::<PyDict>() {
+        StateValue::Map(
+            d.iter()
+                .filter_map(|(k, v)| Some((k.extract::<String>().ok()?, state_value(&v))))
+                .collect(),
+        )
+    } else {
+        shown()
+    }
+}
+
+/// A state from `Loader.state_dict()` (after JSON, too); the engine checks
+/// it and says what is wrong.
 pub fn state_from_py(obj: &Bound<'_, PyAny>) -> PyResult<LoaderState> {
-    let refuse = || {
-        let shown = obj
-            .repr()
-            .map(|r| r.to_string())
-            .unwrap_or_else(|_| "?".into());
-        invalid(format!("resume takes a Loader.state_dict(), not {shown}"))
+    let shown = obj.repr().map_or_else(|_| "?".into(), |r| r.to_string());
+    let fields = match state_value(obj) {
+        StateValue::Map(fields) => fields,
+        _ => Default::default(),
     };
-    let dict = obj.cast::<PyDict>().map_err(|_| refuse())?;
-    let format = dict.get_item("format")?;
-    if !format.is_some_and(|f| f.extract::<String>().is_ok_and(|f| f == STATE_FORMAT)) {
-        return Err(refuse());
-    }
-    if let Some(version) = dict.get_item("version")? {
-        if !version.extract::<u64>().is_ok_and(|v| v == STATE_VERSION) {
-            return Err(invalid(format!(
-                "the loader state has format version {version}; this build reads version \
-                 {STATE_VERSION}"
-            )));
-        }
-    }
-    let missing: Vec<&str> = STATE_KEYS
-        .into_iter()
-        .filter(|k| !dict.contains(k).unwrap_or(false))
-        .collect();
-    if !missing.is_empty() {
-        return Err(invalid(format!("the loader state lacks {missing:?}")));
-    }
-    let item = |key: &str| -> PyResult<Bound<'_, PyAny>> {
-        dict.get_item(key)?
-            .ok_or_else(|| invalid(format!("the loader state lacks [{key:?}]")))
-    };
-    let int = |key: &str, high: u64| -> PyResult<u64> {
-        let value = item(key)?;
-        let bad = || {
-            invalid(format!(
-                "the state's {key} must be an int in [0, {high}], got {value}"
-            ))
-        };
-        if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
-            return Err(bad());
-        }
-        value
-            .extract::<u64>()
-            .ok()
-            .filter(|&v| v <= high)
-            .ok_or_else(bad)
-    };
-    let sampling: String = item("sampling")?
-        .extract()
-        .map_err(|_| invalid("the state's sampling must be a string"))?;
-    let fingerprint: String = item("fingerprint")?
-        .extract()
-        .map_err(|_| invalid("the state's fingerprint must be a string"))?;
-    let batch_size = match dict.get_item("batch_size")? {
-        Some(_) => int("batch_size", u32::MAX as u64)? as usize,
-        None => 0,
-    };
-    let reader = match dict.get_item("reader")? {
-        None => None,
-        Some(place) => {
-            let place = place
-                .cast::<PyDict>()
-                .map_err(|_| invalid("the state's reader must be a dict"))?;
-            let field = |key: &str, high: u64| -> PyResult<u64> {
-                place
-                    .get_item(key)?
-                    .filter(|v| !v.is_instance_of::<PyBool>() && v.is_instance_of::<PyInt>())
-                    .and_then(|v| v.extract::<u64>().ok())
-                    .filter(|&v| v <= high)
-                    .ok_or_else(|| {
-                        invalid(format!(
-                            "the state's reader needs {key:?}, an int in [0, {high}]"
-                        ))
-                    })
-            };
-            let small = u32::MAX as u64;
-            Some(ReaderPlace {
-                rank: field("rank", small)? as u32,
-                world_size: field("world_size", small)? as u32,
-                worker: field("worker", small)? as u32,
-                num_workers: field("num_workers", small)? as u32,
-                resume_block: field("resume_block", u64::MAX)?,
-            })
-        }
-    };
-    Ok(LoaderState {
-        seed: int("seed", u64::MAX)?,
-        epoch: int("epoch", u64::MAX)?,
-        sampling: Sampling::parse(&sampling).py()?,
-        epoch_len: int("epoch_len", u64::MAX)?,
-        batch_size,
-        snapshot: int("snapshot", i64::MAX as u64)?,
-        fingerprint,
-        position: int("position", u64::MAX)?,
-        reader,
-    })
+    LoaderState::from_fields(&fields, &shown).py()
 }

@@ -8,4 +8,4 @@ mod state;
 
 pub use loader::{LoadedBatch, Loader, Prefetch};
 pub use request::{LoaderRequest, DEFAULT_PREFETCH_BATCHES, DEFAULT_PREFETCH_BYTES};
-pub use state::{LoaderState, ReaderPlace};
+pub use state::{LoaderState, ReaderPlace, StateValue};

@@ -3,11 +3,52 @@
 //! state saved before later updates still resumes the population it was
 //! drawing from, and a state that no longer matches is refused.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::catalog::{Dataset, Snapshot};
 use crate::sample::{DrawPlan, Sampling};
 use crate::{Error, Result};
+
+/// The `format` key of every loader state.
+pub const STATE_FORMAT: &str = "datasetrt-loader-state";
+
+/// The layout of the state this build writes and reads.
+pub const STATE_VERSION: u64 = 1;
+
+/// The keys a state must have (`batch_size` is informational).
+const STATE_KEYS: [&str; 7] = [
+    "epoch",
+    "epoch_len",
+    "fingerprint",
+    "position",
+    "sampling",
+    "seed",
+    "snapshot",
+];
+
+/// One value of a state as plain data: what a Python dict or JSON holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateValue {
+    /// A non-negative integer that fits 64 bits.
+    Int(u64),
+    Str(String),
+    Map(BTreeMap<String, StateValue>),
+    /// Anything else (a bool, a negative or wider int, a float, a list...),
+    /// as the caller's language shows it, for the error message.
+    Other(String),
+}
+
+impl std::fmt::Display for StateValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StateValue::Int(v) => write!(f, "{v}"),
+            StateValue::Str(s) => write!(f, "{s:?}"),
+            StateValue::Map(_) => write!(f, "a mapping"),
+            StateValue::Other(shown) => write!(f, "{shown}"),
+        }
+    }
+}
 
 /// Where an epoch of draws stands: the global sequence (seed, epoch,
 /// sampling, epoch_len over snapshot `snapshot`) and the draws consumed.
@@ -44,6 +85,122 @@ pub struct ReaderPlace {
 }
 
 impl LoaderState {
+    /// This state as plain data (`format` and `version` first): what
+    /// `state_dict()` returns.
+    pub fn to_fields(&self) -> Vec<(&'static str, StateValue)> {
+        let int = |v: u64| StateValue::Int(v);
+        let mut fields = vec![
+            ("format", StateValue::Str(STATE_FORMAT.into())),
+            ("version", int(STATE_VERSION)),
+            ("seed", int(self.seed)),
+            ("epoch", int(self.epoch)),
+            ("sampling", StateValue::Str(self.sampling.name().into())),
+            ("epoch_len", int(self.epoch_len)),
+            ("batch_size", int(self.batch_size as u64)),
+            ("snapshot", int(self.snapshot)),
+            ("fingerprint", StateValue::Str(self.fingerprint.clone())),
+            ("position", int(self.position)),
+        ];
+        if let Some(place) = &self.reader {
+            let reader = [
+                ("rank", u64::from(place.rank)),
+                ("world_size", u64::from(place.world_size)),
+                ("worker", u64::from(place.worker)),
+                ("num_workers", u64::from(place.num_workers)),
+                ("resume_block", place.resume_block),
+            ];
+            let map = reader
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), int(v)))
+                .collect();
+            fields.push(("reader", StateValue::Map(map)));
+        }
+        fields
+    }
+
+    /// A state from plain data ([`LoaderState::to_fields`], after JSON too);
+    /// anything else is [`Error::InvalidInput`] naming what is wrong.
+    /// `shown` is how the caller shows the whole value, for a value that is
+    /// not a state at all.
+    pub fn from_fields(fields: &BTreeMap<String, StateValue>, shown: &str) -> Result<Self> {
+        if fields.get("format") != Some(&StateValue::Str(STATE_FORMAT.into())) {
+            return Err(Error::invalid(format!(
+                "resume takes a Loader.state_dict(), not {shown}"
+            )));
+        }
+        if let Some(version) = fields.get("version") {
+            if *version != StateValue::Int(STATE_VERSION) {
+                return Err(Error::invalid(format!(
+                    "the loader state has format version {version}; this build reads version \
+                     {STATE_VERSION}"
+                )));
+            }
+        }
+        let missing: Vec<&str> = STATE_KEYS
+            .into_iter()
+            .filter(|k| !fields.contains_key(*k))
+            .collect();
+        if !missing.is_empty() {
+            return Err(Error::invalid(format!(
+                "the loader state lacks {missing:?}"
+            )));
+        }
+        let int = |key: &str, high: u64| -> Result<u64> {
+            match fields.get(key) {
+                Some(StateValue::Int(v)) if *v <= high => Ok(*v),
+                other => Err(Error::invalid(format!(
+                    "the state's {key} must be an int in [0, {high}], got {}",
+                    other.map_or("nothing".into(), ToString::to_string)
+                ))),
+            }
+        };
+        let text = |key: &str| -> Result<&str> {
+            match fields.get(key) {
+                Some(StateValue::Str(s)) => Ok(s),
+                _ => Err(Error::invalid(format!(
+                    "the state's {key} must be a string"
+                ))),
+            }
+        };
+        let small = u64::from(u32::MAX);
+        let batch_size = match fields.get("batch_size") {
+            Some(_) => int("batch_size", small)? as usize,
+            None => 0,
+        };
+        let reader = match fields.get("reader") {
+            None => None,
+            Some(StateValue::Map(place)) => {
+                let field = |key: &str, high: u64| -> Result<u64> {
+                    match place.get(key) {
+                        Some(StateValue::Int(v)) if *v <= high => Ok(*v),
+                        _ => Err(Error::invalid(format!(
+                            "the state's reader needs {key:?}, an int in [0, {high}]"
+                        ))),
+                    }
+                };
+                Some(ReaderPlace {
+                    rank: field("rank", small)? as u32,
+                    world_size: field("world_size", small)? as u32,
+                    worker: field("worker", small)? as u32,
+                    num_workers: field("num_workers", small)? as u32,
+                    resume_block: field("resume_block", u64::MAX)?,
+                })
+            }
+            Some(_) => return Err(Error::invalid("the state's reader must be a dict")),
+        };
+        Ok(LoaderState {
+            seed: int("seed", u64::MAX)?,
+            epoch: int("epoch", u64::MAX)?,
+            sampling: Sampling::parse(text("sampling")?)?,
+            epoch_len: int("epoch_len", u64::MAX)?,
+            batch_size,
+            snapshot: int("snapshot", i64::MAX as u64)?,
+            fingerprint: text("fingerprint")?.to_string(),
+            position: int("position", u64::MAX)?,
+            reader,
+        })
+    }
+
     /// The state of `plan` over `snapshot` once this reader has delivered
     /// `batches` batches (see [`DrawPlan::position_after`]).
     pub fn after(plan: &DrawPlan, snapshot: &Snapshot, batches: u64) -> Self {
@@ -147,5 +304,96 @@ impl LoaderState {
         })?;
         plan.validate()?;
         Ok((snapshot, plan))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(reader: bool) -> LoaderState {
+        LoaderState {
+            seed: 7,
+            epoch: 2,
+            sampling: Sampling::Permutation,
+            epoch_len: 1000,
+            batch_size: 64,
+            snapshot: 3,
+            fingerprint: "abc".into(),
+            position: 128,
+            reader: reader.then_some(ReaderPlace {
+                rank: 1,
+                world_size: 2,
+                worker: 0,
+                num_workers: 3,
+                resume_block: 5,
+            }),
+        }
+    }
+
+    fn fields(s: &LoaderState) -> BTreeMap<String, StateValue> {
+        s.to_fields()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
+    }
+
+    #[test]
+    fn a_state_round_trips_through_its_fields() {
+        for reader in [false, true] {
+            let s = state(reader);
+            let f = s.to_fields();
+            assert_eq!(f[0], ("format", StateValue::Str(STATE_FORMAT.into())));
+            assert_eq!(f[1], ("version", StateValue::Int(STATE_VERSION)));
+            assert_eq!(LoaderState::from_fields(&fields(&s), "?").unwrap(), s);
+        }
+    }
+
+    #[test]
+    fn a_tampered_state_is_refused_with_what_is_wrong() {
+        let good = fields(&state(true));
+        let refused = |change: &dyn Fn(&mut BTreeMap<String, StateValue>), says: &str| {
+            let mut f = good.clone();
+            change(&mut f);
+            let err = LoaderState::from_fields(&f, "{...}")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(says), "{err:?} lacks {says:?}");
+        };
+        let set = |k: &'static str, v: StateValue| {
+            move |f: &mut BTreeMap<String, StateValue>| {
+                f.insert(k.into(), v.clone());
+            }
+        };
+        refused(&set("format", StateValue::Str("x".into())), "not {...}");
+        refused(&set("version", StateValue::Int(2)), "format version 2");
+        refused(
+            &|f| drop(f.remove("fingerprint")),
+            "lacks [\"fingerprint\"]",
+        );
+        refused(&set("position", StateValue::Other("-64".into())), "got -64");
+        refused(
+            &set("snapshot", StateValue::Int(u64::MAX)),
+            "snapshot must be an int",
+        );
+        refused(&set("seed", StateValue::Str("7".into())), "got \"7\"");
+        refused(
+            &set("sampling", StateValue::Int(1)),
+            "sampling must be a string",
+        );
+        refused(&set("sampling", StateValue::Str("nope".into())), "nope");
+        refused(&set("reader", StateValue::Int(1)), "reader must be a dict");
+        refused(
+            &|f| {
+                if let Some(StateValue::Map(m)) = f.get_mut("reader") {
+                    m.insert("rank".into(), StateValue::Other("True".into()));
+                }
+            },
+            "reader needs \"rank\"",
+        );
+        // batch_size is informational: a state without it still reads
+        let mut f = good.clone();
+        f.remove("batch_size");
+        assert_eq!(LoaderState::from_fields(&f, "?").unwrap().batch_size, 0);
     }
 }

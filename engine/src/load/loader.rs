@@ -68,7 +68,7 @@ pub struct Loader {
     task: JoinHandle<()>,
     /// `task` was awaited (after the channel closed).
     joined: bool,
-    /// Fetches remote records ahead of `task` (remote caches only).
+    /// Fetches remote records (advises local ones) ahead of `task`.
     prefetch: Option<JoinHandle<()>>,
 }
 

@@ -19,6 +19,10 @@
 //!   the read-ahead window, each needed byte is downloaded at most once per
 //!   epoch.
 //!
+//! Local caches get advice instead: the kernel is told which records come
+//! next (`madvise(MADV_WILLNEED)`, 64 MiB ahead of the consumer), so a cold
+//! epoch reads their pages many at a time, not one page fault at a time.
+//!
 //! Everything here is an optimisation: a record the prefetcher has not
 //! fetched (or failed to fetch) is fetched when it is read, and its error, if
 //! any, is reported there.
@@ -121,13 +125,64 @@ pub fn start(
 ) -> Result<Option<tokio::task::JoinHandle<()>>> {
     let remotes = replicas(&caches);
     if remotes.is_empty() {
-        return Ok(None);
+        let handle = remote::spawn(async move {
+            let _ = advise_local(caches, snapshot, plan, progress).await;
+        })?;
+        return Ok(Some(handle));
     }
     let handle = remote::spawn(async move {
         let _ = run(caches, remotes, snapshot, plan, progress).await;
     })?;
     Ok(Some(handle))
 }
+
+/// Local caches: tell the kernel which records come next, `LOCAL_AHEAD_BYTES`
+/// ahead of the consumer, so their pages are read many at a time (as a
+/// reader at a deep queue depth would) rather than one page fault at a time.
+async fn advise_local(
+    caches: CacheSet,
+    snapshot: Arc<Snapshot>,
+    plan: DrawPlan,
+    progress: Arc<Progress>,
+) -> Result<()> {
+    let draws = {
+        let (caches, snapshot, plan) = (caches.clone(), snapshot.clone(), plan.clone());
+        tokio::task::spawn_blocking(move || my_draws(&caches, &snapshot, &plan))
+            .await
+            .map_err(|e| crate::Error::internal(format!("read-ahead planning failed: {e}")))??
+    };
+    let (mut next, mut advised) = (0usize, 0u64);
+    // bytes advised for each draw from the consumer's position up to `next`
+    let mut sizes = std::collections::VecDeque::new();
+    while next < draws.len() {
+        let consumed = progress.consumed() as usize;
+        while sizes.len() > next.saturating_sub(consumed) {
+            advised -= sizes.pop_front().unwrap_or(0);
+        }
+        if next < consumed {
+            next = consumed; // read already: nothing to advise there
+            sizes.clear();
+            advised = 0;
+        }
+        while next < draws.len() && advised < LOCAL_AHEAD_BYTES {
+            let (cache, sample) = draws[next];
+            let bytes = caches[cache as usize].advise_willneed(sample);
+            sizes.push_back(bytes);
+            advised += bytes;
+            next += 1;
+        }
+        if next < draws.len() {
+            // the consumer moves on; wake at least now and then (a missed notify)
+            let _ =
+                tokio::time::timeout(Duration::from_millis(20), progress.moved.notified()).await;
+        }
+    }
+    Ok(())
+}
+
+/// Bytes of local records advised ahead of the consumer (the loader's own
+/// read-ahead window of batches lies inside it).
+const LOCAL_AHEAD_BYTES: u64 = 64 << 20;
 
 async fn run(
     caches: CacheSet,

@@ -246,6 +246,39 @@ impl Cache {
         (in_place && same).then_some((path.as_path(), mapped.len() as u64))
     }
 
+    /// Ask the kernel to start reading record `sample_id`'s stored bytes
+    /// into the page cache (`madvise(MADV_WILLNEED)` on its mapped range),
+    /// without waiting for them; returns the bytes advised. Advice only: a
+    /// replica, a bad id or a refused call advise nothing.
+    pub fn advise_willneed(&self, sample_id: u64) -> u64 {
+        if self.replica.is_some() {
+            return 0;
+        }
+        let Ok(e) = self.entry(sample_id) else {
+            return 0;
+        };
+        let Some((_, shard)) = self.shards.get(e.shard as usize) else {
+            return 0;
+        };
+        let start = e.offset as usize;
+        let end = start.saturating_add(e.stored_len as usize).min(shard.len());
+        if start >= end {
+            return 0;
+        }
+        let page = 4096;
+        let base = shard.as_ptr() as usize;
+        let first = (base + start) & !(page - 1);
+        let len = base + end - first;
+        // SAFETY: [first, first + len) lies within the mapping of `shard`
+        // (page-aligned down from inside it); WILLNEED changes no contents
+        let done = unsafe { libc::madvise(first as *mut libc::c_void, len, libc::MADV_WILLNEED) };
+        if done == 0 {
+            (end - start) as u64
+        } else {
+            0
+        }
+    }
+
     /// Check every record's stored bytes against the checksum its index
     /// holds (what a full local build passes and a sparse replica fails);
     /// the first record that fails is the error.

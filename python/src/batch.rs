@@ -2,6 +2,12 @@
 //! engine produced (`draw`, `row`, `cache_id`, `sample_id`, `data`), with
 //! its columns as Python lists on request and its payloads as `bytes`
 //! (copies) or as memoryviews over the mapped shard (no copy).
+//!
+//! The one piece of state the binding keeps itself (`ShardMaps`): a
+//! memoryview must be over a Python object that owns its mapping, so each
+//! shard is mapped once more by Python's `mmap` and kept per dataset. Which
+//! file, and whether a record lies in it in place, is the engine's answer
+//! (`Cache::shard_file`).
 
 use std::collections::HashMap;
 use std::fs::File;

@@ -161,16 +161,65 @@ def two_caches(tmp_path: Path) -> tuple[drt.Dataset, Path, list[Source]]:
     return ds, tmp_path, sources
 
 
+class _S3sFs:
+    """An s3s-fs server (an S3 server over the file system) on a free port of
+    127.0.0.1, serving a temporary directory."""
+
+    def __init__(self, binary: str, root: Path):
+        import socket
+        import time
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--access-key",
+                "testing",
+                "--secret-key",
+                "testing",
+                str(root),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"s3s-fs did not start on port {self.port}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
 @pytest.fixture(scope="session")
-def s3():
-    """A moto S3 server on 127.0.0.1 (a free port), stopped after the session:
-    (server, storage_options, boto3 client)."""
-    moto_server = pytest.importorskip("moto.server")
+def s3(tmp_path_factory):
+    """An S3 server on 127.0.0.1 (a free port), stopped after the session:
+    (server, storage_options, boto3 client). moto's, or the s3s-fs binary
+    that $DATASETRT_TEST_S3S_FS names (`make bench` runs the racing-machines
+    test so)."""
     boto3 = pytest.importorskip("boto3")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
+    binary = os.environ.get("DATASETRT_TEST_S3S_FS")
+    if binary:
+        server = _S3sFs(binary, tmp_path_factory.mktemp("s3s-fs"))
+        endpoint = f"http://127.0.0.1:{server.port}"
+    else:
+        moto_server = pytest.importorskip("moto.server")
+        server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
     options = {
         "aws_endpoint": endpoint,
         "aws_access_key_id": "testing",

@@ -1,24 +1,29 @@
-"""Object-storage benchmark: a cache in an S3 server behind a latency proxy.
+"""Object-storage benchmark: a cache in a real S3 server behind a latency proxy.
 
-Run by hand against the release extension (`make bench`). Workload: one
-cache of 16 KiB random records (64 MiB by default) in a moto S3 server (its
-own process), reached through a TCP proxy (its own process) that delays every
-request by 20-50 ms, as a real bucket's first byte is; a permutation epoch
-through `ds.loader` whose consumer only touches `batch.data`.
+Run by hand against the release extension (`make bench`, which installs the
+server). Workload: one cache of 16 KiB random records (64 MiB by default) in
+`s3s-fs` (an S3 server over the file system that serves a range by reading
+it, as S3 does; `--server moto` for moto, which copies the whole object to
+serve a range), reached through a TCP proxy (its own process) that delays
+every request by 20-50 ms, as a real bucket's first byte is; a permutation
+epoch through `ds.loader` whose consumer touches `batch.data`. Two links:
+the delay alone, and the delay with the bandwidth towards the client capped
+(1 Gbit/s by default, one link shared by every connection). Every figure is
+the median with min-max over `--trials` runs (5), a first epoch each time
+into an empty `cache_dir`.
 
-Measured in the same run, against its limit:
-- the limit of a first epoch: a plain client (threads, keep-alive HTTP, no
-  checksums, one process) doing one range GET per record in the same order,
-  with the same number of requests in flight;
-- first epoch (empty local replica, no budget) / that client;
-- second epoch (the replica holds everything) / the warm local loader over
-  the same cache on local disk;
-- with `cache_bytes` = half the data: bytes downloaded in the second epoch /
-  the data (an LRU cache would download all of it), and the same figure for
-  a simulated LRU of the same size over the same sequence.
+Each epoch is compared with
+- (a) a plain client on the same server and link: threads, keep-alive HTTP,
+  no checksums, one range GET per record in the same order, the same number
+  of requests in flight;
+- (b) the link limit: the least time any client needs to move the epoch's
+  bytes over that link, `bytes / bandwidth + one round trip` (capped link
+  only; without a cap it is one round trip).
 
-Targets (issue 9): first epoch >= 0.8x the client; second epoch >= 0.9x the
-warm local loader; half budget <= 0.6x the data per epoch.
+Targets (issue 22, part 4): first epoch >= 0.8x the link limit in every
+trial; the warm second epoch (the replica holds everything) within noise of
+the warm local loader. Also: with `cache_bytes` = half the data, bytes
+downloaded per epoch against an LRU of the same size on the same sequences.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import os
 import random
 import shutil
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -60,12 +66,19 @@ class RandomRecords:
 PROXY = r"""
 import asyncio, random, sys
 upstream_port, low, high = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+rate = float(sys.argv[4])  # bytes/s of the link towards the client, 0: no cap
+link_free = 0.0  # when the shared link is free again
 
 async def pipe(reader, writer, delay):
+    global link_free
+    loop = asyncio.get_running_loop()
     try:
         while data := await reader.read(1 << 16):
             if delay:
                 await asyncio.sleep(random.uniform(low, high))
+            elif rate:  # one link shared by every connection
+                link_free = max(loop.time(), link_free) + len(data) / rate
+                await asyncio.sleep(link_free - loop.time())
             writer.write(data)
             await writer.drain()
     except (ConnectionError, asyncio.CancelledError):
@@ -97,26 +110,55 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_servers(low: float, high: float) -> tuple[list[subprocess.Popen], int, int]:
-    port = free_port()
-    moto = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(200):
+#: Where `make bench` installs s3s-fs (an S3 server over the file system).
+S3S_FS = Path.home() / ".cache" / "datasetrt-tools" / "bin" / "s3s-fs"
+
+
+def wait_for(port: int) -> None:
+    for _ in range(400):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            break
+            return
         except OSError:
             time.sleep(0.05)
+    sys.exit(f"no server came up on port {port}")
+
+
+def start_s3(kind: str, root: Path) -> tuple[subprocess.Popen, int]:
+    """An S3 server on loopback: s3s-fs (serves ranges from the file) or moto
+    (copies the whole object to serve a range of it)."""
+    port = free_port()
+    if kind == "s3s":
+        if not S3S_FS.exists():
+            sys.exit(f"{S3S_FS} missing: `make bench` installs it (or pass --server moto)")
+        root.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            str(S3S_FS),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--access-key",
+            "testing",
+            "--secret-key",
+            "testing",
+            str(root),
+        ]
+    else:
+        cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(port)
+    return server, port
+
+
+def start_proxy(port: int, low: float, high: float, rate: float) -> tuple[subprocess.Popen, int]:
+    """The delaying proxy in front of `port` (`rate` bytes/s towards the client, 0: no cap)."""
     proxy = subprocess.Popen(
-        [sys.executable, "-c", PROXY, str(port), str(low), str(high)],
+        [sys.executable, "-c", PROXY, str(port), str(low), str(high), str(rate)],
         stdout=subprocess.PIPE,
         text=True,
     )
-    proxy_port = int(proxy.stdout.readline())
-    return [moto, proxy], port, proxy_port
+    return proxy, int(proxy.stdout.readline())
 
 
 def options(port: int) -> dict[str, str]:
@@ -190,15 +232,27 @@ def lru_downloads(sequence: list[int], size: int, capacity: int, epochs: int) ->
     return out
 
 
+def spread(values: list[float], fmt: str = "{:.3f}") -> str:
+    """Median (min-max)."""
+    med, lo, hi = statistics.median(values), min(values), max(values)
+    return f"{fmt.format(med)} ({fmt.format(lo)}-{fmt.format(hi)})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=64, help="data size")
     parser.add_argument("--low-ms", type=float, default=20)
     parser.add_argument("--high-ms", type=float, default=50)
+    parser.add_argument("--gbit", type=float, default=1.0, help="the capped link, Gbit/s")
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--server", choices=["s3s", "moto"], default="s3s")
     args = parser.parse_args()
     n = args.mib * (1 << 20) // RECORD
     work = Path(tempfile.mkdtemp(prefix="drt-bench-remote-"))
-    servers, port, proxy_port = start_servers(args.low_ms / 1000, args.high_ms / 1000)
+    latency = (args.low_ms + args.high_ms) / 2000  # the mean delay a request sees
+    rate = args.gbit * 1e9 / 8
+    server, port = start_s3(args.server, work / "s3-root")
+    procs = [server]
     try:
         import boto3
         from botocore.config import Config
@@ -218,33 +272,32 @@ def main() -> None:
             url,
             [RandomRecords(n)],
             codec="none",
-            # small objects: moto copies a whole object to serve a range of it
             shard_bytes=SHARD_BYTES,
             storage_options=options(port),
             cache_dir=work / "builder",
             progress=False,
         )
         data_bytes = n * RECORD
+        mb = data_bytes / 1e6
         print(
-            f"{n} records of 16 KiB ({args.mib} MiB) built and uploaded in "
-            f"{time.perf_counter() - t:.1f} s; proxy delay {args.low_ms:.0f}-{args.high_ms:.0f} ms"
-            f" per request, {REQUESTS} in flight"
+            f"{n} records of 16 KiB ({args.mib} MiB) in {args.server}, built and uploaded in "
+            f"{time.perf_counter() - t:.1f} s; proxy delay {args.low_ms:.0f}-{args.high_ms:.0f} "
+            f"ms per request, {REQUESTS} in flight; {args.trials} trials, median (min-max)"
         )
 
-        # the local, warm loader over the builder's copy
+        # the local, warm loader over a complete copy (the builder kept it as its replica)
         local = drt.open(Path(built.caches[0]["path"]))
         epoch(local, 0)
-        warm = min(epoch(local, 1)[0] for _ in range(3))
+        warm_local = [epoch(local, 1)[0] for _ in range(args.trials)]
 
-        # the plain client: the same records in the same order, one GET each
+        # the plain client's requests: the same records in the same order, one GET each
         order = [
             int(s)
             for s in local.get_metadata()["sample_id"][local.draws(1, 0, sampling="permutation")]
         ]
         entries = index_entries(Path(built.caches[0]["path"]) / "index.drti")
         requests = [(entries[s][0], entries[s][1], entries[s][1] + RECORD) for s in order]
-        # signed once (presigned URLs), so the client's requests cost no signing
-        targets = {}
+        targets = {}  # signed once (presigned URLs): the client's requests cost no signing
         for shard in sorted({r[0] for r in requests}):
             signed = s3.generate_presigned_url(
                 "get_object",
@@ -252,26 +305,68 @@ def main() -> None:
                 ExpiresIn=3600,
             )
             targets[shard] = signed.split(f":{port}", 1)[1]
-        client = plain_client(proxy_port, [(targets[sh], a, b) for sh, a, b in requests])
+        plain = [(targets[sh], a, b) for sh, a, b in requests]
 
-        # ours, through the proxy: first epoch into an empty replica, then warm
-        ds = drt.open(url, storage_options=options(proxy_port), cache_dir=work / "reader")
-        first, count = epoch(ds, 0)
-        assert count == n
-        stats1 = ds.fetch_stats()
-        second = min(epoch(ds, 1)[0] for _ in range(3))
-        stats2 = ds.fetch_stats()
+        print()
+        print("| link | run | seconds | vs the plain client | vs the link limit |")
+        print("|---|---|---|---|---|")
+        for cap in (0.0, rate):
+            proxy, proxy_port = start_proxy(port, args.low_ms / 1000, args.high_ms / 1000, cap)
+            procs.append(proxy)
+            link = f"{args.low_ms:.0f}-{args.high_ms:.0f} ms" + (
+                f", {args.gbit:g} Gbit/s" if cap else ""
+            )
+            # the least time any client needs to move the epoch's bytes over this
+            # link: the bytes at its bandwidth, and at least one round trip
+            limit = (data_bytes / cap if cap else 0.0) + latency
+            client = [plain_client(proxy_port, plain) for _ in range(args.trials)]
+            first, second, stats = [], [], []
+            for t in range(args.trials):
+                ds = drt.open(
+                    url, storage_options=options(proxy_port), cache_dir=work / f"r-{cap}-{t}"
+                )
+                took, count = epoch(ds, 0)
+                assert count == n
+                first.append(took)
+                stats.append(ds.fetch_stats())
+                second.append(epoch(ds, 1)[0])
+            med_client = statistics.median(client)
+            rows = [
+                ("plain client, 1 GET per record", client),
+                ("**first epoch**, empty replica", first),
+                ("second epoch, the replica holds all", second),
+            ]
+            for name, runs in rows:
+                vs_client = spread([med_client / r for r in runs], "{:.2f}x")
+                vs_limit = spread([limit / r for r in runs], "{:.2f}x") if cap else "n/a"
+                print(f"| {link} | {name} | {spread(runs)} | {vs_client} | {vs_limit} |")
+            requests_made = statistics.median(st["requests"] for st in stats)
+            print(
+                f"|  | first epoch: {requests_made:.0f} requests, link limit "
+                f"{limit:.3f} s ({mb:.1f} MB{f' at {args.gbit:g} Gbit/s' if cap else ''} "
+                f"+ {latency * 1000:.0f} ms) | | | |"
+            )
+            if cap:
+                worst = max(first)
+                print(
+                    f"|  | target: first epoch >= 0.8x the link limit in every trial: "
+                    f"{'met' if limit / worst >= 0.8 else 'MISSED'} "
+                    f"(lowest {limit / worst:.2f}x) | | | |"
+                )
+        print(f"| local disk | warm local loader | {spread(warm_local)} | | |")
+        ratios = [statistics.median(warm_local) / s for s in second]
+        print(f"|  | second epoch (capped link) vs warm local: {spread(ratios, '{:.2f}x')} | | | |")
 
-        # half the data as budget: bytes downloaded per epoch
+        # half the data as budget: bytes downloaded per epoch (latency-only link)
+        proxy, proxy_port = start_proxy(port, args.low_ms / 1000, args.high_ms / 1000, 0.0)
+        procs.append(proxy)
         half = drt.open(
             url,
             storage_options=options(proxy_port),
             cache_dir=work / "half",
             cache_bytes=data_bytes // 2,
         )
-        per_epoch = []
-        times = []
-        before = 0
+        per_epoch, times, before = [], [], 0
         for e in range(3):
             times.append(epoch(half, e)[0])
             got = half.fetch_stats()["bytes"]
@@ -287,34 +382,12 @@ def main() -> None:
             for e in range(3)
         ]
         lru = lru_downloads(seqs, RECORD, data_bytes // 2, 3)
-
-        mb = data_bytes / 1e6
         print()
-        print("| run | time | MB/s | vs its limit |")
-        print("|---|---|---|---|")
-        rows = [
-            ("plain client, 1 GET per record (limit of a first epoch)", client, "1.00"),
-            ("**first epoch**, empty replica", first, f"**{client / first:.2f}x** the client"),
-            ("warm local loader (limit of a second epoch)", warm, "1.00"),
-            ("**second epoch**, replica holds all", second, f"**{warm / second:.2f}x** local"),
-        ]
         for e in range(3):
-            ratio = f"**{per_epoch[e] / data_bytes:.2f}x** the data"
-            lru_ratio = f"LRU: {lru[e] / data_bytes:.2f}x"
-            rows.append((f"budget = half the data, epoch {e}", times[e], f"{ratio} ({lru_ratio})"))
-        for name, seconds, versus in rows:
-            print(f"| {name} | {seconds:.3f} s | {mb / seconds:.1f} | {versus} |")
-        print()
-        print(
-            f"first epoch: {stats1['requests']} requests, {stats1['bytes'] / 1e6:.1f} MB "
-            f"downloaded, hits {stats1['hits']}, misses {stats1['misses']}"
-        )
-        hits = stats2["hits"] - stats1["hits"]
-        misses = stats2["misses"] - stats1["misses"]
-        print(
-            f"second epochs: {stats2['requests'] - stats1['requests']} requests, hit ratio "
-            f"{hits / max(1, hits + misses):.3f}"
-        )
+            print(
+                f"budget = half the data, epoch {e}: {times[e]:.2f} s, downloaded "
+                f"{per_epoch[e] / data_bytes:.2f}x the data (LRU: {lru[e] / data_bytes:.2f}x)"
+            )
         hs = half.fetch_stats()
         print(
             f"half budget: {hs['requests']} requests, {hs['bytes'] / 1e6:.1f} MB downloaded, "
@@ -322,7 +395,7 @@ def main() -> None:
             f"misses {hs['misses']}"
         )
     finally:
-        for p in servers:
+        for p in procs:
             p.terminate()
             p.wait(timeout=10)
         shutil.rmtree(work, ignore_errors=True)

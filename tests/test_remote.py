@@ -496,3 +496,59 @@ def test_a_server_that_never_answers_fails_within_the_documented_bound(tmp_path)
     assert kind == "StorageError", done.stdout
     assert 19 <= float(seconds) <= 35, seconds  # the 20 s timeout, once
     assert int(connections) >= 1
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_dataloader_workers_sharing_a_cache_dir_share_one_budget(bucket, tmp_path, workers):
+    """The budget is the host's: DataLoader workers reading one bucket dataset
+    through one cache_dir hold at most cache_bytes of payload together (plus
+    one read-ahead step per process in flight), not cache_bytes each."""
+    torch = pytest.importorskip("torch")
+    import threading
+
+    url, options, *_ = bucket
+    n, size = 1200, 16 * 1024
+    records = Source("budget-v1", n, payload=lambda i: bytes([i % 251]) * size)
+    drt.build(
+        url,
+        [records],
+        storage_options=options,
+        cache_dir=tmp_path / "b",
+        shard_bytes=1 << 20,
+        codec="none",
+        progress=False,
+    )
+    budget = n * size // 2
+    ds = drt.open(url, storage_options=options, cache_dir=tmp_path / "host", cache_bytes=budget)
+    replica = Path(ds.caches[0]["path"])
+
+    def held() -> int:
+        return sum(p.stat().st_blocks * 512 for p in replica.glob("shard-*.drts"))
+
+    peak, done = [0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], held())
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    tds = ds.to_torch(batch_size=16, seed=3, sampling="permutation")
+    loader = torch.utils.data.DataLoader(
+        tds, batch_size=None, num_workers=workers, multiprocessing_context="fork"
+    )
+    seen = 0
+    try:
+        for batch in loader:
+            for sid, data in zip(batch["sample_id"].tolist(), batch["data"], strict=True):
+                assert data == records.payload(sid)
+                seen += 1
+    finally:
+        done.set()
+        watcher.join(timeout=10)
+    assert seen == n
+    # one step of read-ahead per worker (32 records) may land before its
+    # eviction runs, and the shard headers' pages stay
+    slack = workers * 32 * size + (1 << 20)
+    assert peak[0] <= budget + slack, (peak[0], budget, slack)

@@ -11,7 +11,9 @@
 //!   records) the first time one of them is needed, and nothing is evicted, so
 //!   every byte is downloaded at most once, ever.
 //! - **It does not:** exactly the needed records are fetched (consecutive ones
-//!   in one request), and when the replicas would exceed the budget the held
+//!   in one request), and when the replicas would exceed the budget — the
+//!   bytes their files hold on disk, which every process sharing the
+//!   `cache_dir` counts alike, so the budget is the host's — the held
 //!   records needed *latest* are evicted first — by their next use in this
 //!   epoch, then in the next one, never-again first (Belady's rule, exact
 //!   because the future is known). Records fetched ahead and not yet read are
@@ -236,7 +238,9 @@ async fn run(
     };
     let ahead_bytes = match (whole, budget) {
         (true, _) | (false, None) => AHEAD_BYTES,
-        (false, Some(b)) => (b / 4).max(1),
+        // a quarter of the budget, shared by the loader's workers: all of
+        // them read into the same replica under the one budget of the host
+        (false, Some(b)) => (b / 4 / u64::from(plan.num_workers.max(1))).max(1),
     };
     let ahead = (ahead_bytes / mean).max(plan.batch_size as u64 * 2);
     let step = (plan.batch_size as u64).max(requests as u64);
@@ -302,7 +306,9 @@ async fn run(
                         .map(move |&s| r.record_bytes(s))
                 })
                 .sum();
-            let held: u64 = remotes.iter().map(|(_, r)| r.present_bytes()).sum();
+            // the host's bytes, not this process's: DataLoader workers and
+            // ranks sharing a cache_dir share one budget
+            let held: u64 = remotes.iter().map(|(_, r)| r.held_on_disk()).sum();
             if held + incoming > budget {
                 // free an eighth of the budget beyond what is needed, so
                 // eviction runs now and then, not on every step

@@ -726,6 +726,19 @@ impl Replica {
         self.present_bytes.load(Ordering::Relaxed)
     }
 
+    /// Bytes the replica's shard files hold on disk now, whoever fetched
+    /// them: every process sharing this `cache_dir` writes into the same
+    /// sparse files, so this is the host's figure (the shard headers and
+    /// page rounding included).
+    pub fn held_on_disk(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        self.shards
+            .iter()
+            .filter_map(|(_, _, file)| file.metadata().ok())
+            .map(|m| m.blocks() * 512)
+            .sum()
+    }
+
     pub fn is_present(&self, sample: u64) -> bool {
         self.state[sample as usize].load(Ordering::Acquire) == PRESENT
     }

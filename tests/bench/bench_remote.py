@@ -67,10 +67,12 @@ PROXY = r"""
 import asyncio, random, sys
 upstream_port, low, high = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
 rate = float(sys.argv[4])  # bytes/s of the link towards the client, 0: no cap
+counter = open(sys.argv[5], "r+b") if len(sys.argv) > 5 else None  # bytes sent, 8 bytes LE
 link_free = 0.0  # when the shared link is free again
+sent = 0
 
 async def pipe(reader, writer, delay):
-    global link_free
+    global link_free, sent
     loop = asyncio.get_running_loop()
     try:
         while data := await reader.read(1 << 16):
@@ -81,6 +83,11 @@ async def pipe(reader, writer, delay):
                 await asyncio.sleep(link_free - loop.time())
             writer.write(data)
             await writer.drain()
+            if not delay and counter is not None:
+                sent += len(data)
+                counter.seek(0)
+                counter.write(sent.to_bytes(8, "little"))
+                counter.flush()
     except (ConnectionError, asyncio.CancelledError):
         pass
     finally:
@@ -151,10 +158,17 @@ def start_s3(kind: str, root: Path) -> tuple[subprocess.Popen, int]:
     return server, port
 
 
-def start_proxy(port: int, low: float, high: float, rate: float) -> tuple[subprocess.Popen, int]:
-    """The delaying proxy in front of `port` (`rate` bytes/s towards the client, 0: no cap)."""
+def start_proxy(
+    port: int, low: float, high: float, rate: float, counter: Path | None = None
+) -> tuple[subprocess.Popen, int]:
+    """The delaying proxy in front of `port` (`rate` bytes/s towards the client,
+    0: no cap); it counts the bytes it sent into the file `counter`."""
+    extra = []
+    if counter is not None:
+        counter.write_bytes(bytes(8))
+        extra = [str(counter)]
     proxy = subprocess.Popen(
-        [sys.executable, "-c", PROXY, str(port), str(low), str(high), str(rate)],
+        [sys.executable, "-c", PROXY, str(port), str(low), str(high), str(rate), *extra],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -236,6 +250,56 @@ def spread(values: list[float], fmt: str = "{:.3f}") -> str:
     """Median (min-max)."""
     med, lo, hi = statistics.median(values), min(values), max(values)
     return f"{fmt.format(med)} ({fmt.format(lo)}-{fmt.format(hi)})"
+
+
+def shared_budget(url: str, work: Path, port: int, args: argparse.Namespace, data: int) -> None:
+    """4 DataLoader workers on one cache_dir, budget = half the data, three
+    permutation epochs: the bytes the proxy sent per epoch, against an LRU of
+    the same size shared by the workers, simulated on the same sequence."""
+    try:
+        import torch
+    except ImportError:
+        print("shared budget: torch missing, not measured (target: <= 0.6x the data per epoch)")
+        return
+    counter = work / "sent"
+    proxy, proxy_port = start_proxy(port, args.low_ms / 1000, args.high_ms / 1000, 0.0, counter)
+    try:
+        ds = drt.open(
+            url,
+            storage_options=options(proxy_port),
+            cache_dir=work / "shared",
+            cache_bytes=data // 2,
+        )
+        tds = ds.to_torch(batch_size=64, seed=1, sampling="permutation")
+        loader = torch.utils.data.DataLoader(
+            tds, batch_size=None, num_workers=4, multiprocessing_context="fork"
+        )
+        sent, before, orders = [], 0, []
+        for e in range(3):
+            tds.set_epoch(e)
+            order = []
+            for batch in loader:
+                order.extend(batch["sample_id"].tolist())
+                for d in batch["data"]:
+                    assert len(d) == RECORD
+            orders.append(order)
+            now = int.from_bytes(counter.read_bytes(), "little")
+            sent.append(now - before)
+            before = now
+        lru = lru_downloads(orders, RECORD, data // 2, 3)
+        for e in range(3):
+            print(
+                f"4 workers, one budget = half the data, epoch {e}: sent {sent[e] / data:.2f}x "
+                f"the data (a shared LRU: {lru[e] / data:.2f}x)"
+            )
+        worst = max(sent[1:]) / data
+        print(
+            f"target: <= 0.6x the data per epoch after the first: "
+            f"{'met' if worst <= 0.6 else 'MISSED'} ({worst:.2f}x)"
+        )
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=10)
 
 
 def main() -> None:
@@ -394,6 +458,7 @@ def main() -> None:
             f"{hs['evicted_bytes'] / 1e6:.1f} MB evicted, hits {hs['hits']}, "
             f"misses {hs['misses']}"
         )
+        shared_budget(url, work, port, args, data_bytes)
     finally:
         for p in procs:
             p.terminate()

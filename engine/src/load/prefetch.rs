@@ -311,9 +311,11 @@ async fn run(
                 .sum();
             // the host's bytes, not this process's: DataLoader workers and
             // ranks sharing a cache_dir share one budget. On disk a record
-            // may keep one more page at its edges (the documented slack)
+            // may keep one more page at its edges (the documented slack, at
+            // most a quarter of the budget: tiny records share their pages)
             let held: u64 = remotes.iter().map(|(_, r)| r.held_on_disk()).sum();
-            let on_disk = budget.saturating_add(budget / mean * PAGE_SLACK);
+            let slack = (budget / mean).saturating_mul(PAGE_SLACK).min(budget / 4);
+            let on_disk = budget.saturating_add(slack);
             if held + incoming > on_disk {
                 // free an eighth of the budget beyond what is needed, so
                 // eviction runs now and then, not on every step

@@ -9,7 +9,7 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use arrow::array::{Array, ArrayData, ArrayRef, AsArray, Float64Array, Int64Array, RecordBatch};
@@ -38,11 +38,21 @@ pub struct Snapshot {
     parent: Option<u64>,
     rows_by_sample: OnceLock<Vec<Vec<u32>>>,
     alias: OnceLock<AliasTable>,
+    /// The epoch samplers built last, by (sampling, seed, epoch, epoch_len):
+    /// a loader's draws and its read-ahead walk the same epoch, and a sorted
+    /// order (weighted without replacement, balanced) is built once for both.
+    samplers: Mutex<Vec<(SamplerKey, EpochSampler)>>,
     /// Content hash of the weight column (names the shared alias table file).
     weight_hash: String,
 }
 
 pub const NO_ROW: u32 = u32::MAX;
+
+type SamplerKey = (Sampling, u64, u64, u64);
+
+/// Samplers a snapshot keeps: this epoch's and the next one's (the remote
+/// read-ahead plans past the epoch's end).
+const KEPT_SAMPLERS: usize = 2;
 
 /// xxh3-128 of an array's physical layout: type, length, offset, buffers,
 /// null bitmap and children. Equal hashes mean equal content.
@@ -568,6 +578,7 @@ impl Snapshot {
             parent: manifest.parent,
             rows_by_sample: OnceLock::new(),
             alias: OnceLock::new(),
+            samplers: Mutex::default(),
             weight_hash,
         })
     }
@@ -651,18 +662,29 @@ impl Snapshot {
         epoch: u64,
         epoch_len: u64,
     ) -> Result<EpochSampler> {
+        let key = (sampling, seed, epoch, epoch_len);
+        // held while building: a second user of the same epoch waits and reuses it
+        let mut kept = self.samplers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, sampler)) = kept.iter().find(|(k, _)| *k == key) {
+            return Ok(sampler.clone());
+        }
         let alias = match sampling {
             Sampling::Replacement => Some(self.alias_table()?),
             _ => None,
         };
-        EpochSampler::new(
+        let sampler = EpochSampler::new(
             sampling,
             self.weights().values(),
             alias,
             seed,
             epoch,
             epoch_len,
-        )
+        )?;
+        if kept.len() >= KEPT_SAMPLERS {
+            kept.remove(0);
+        }
+        kept.push((key, sampler.clone()));
+        Ok(sampler)
     }
 
     /// The sampler of `plan`'s epoch over this population.

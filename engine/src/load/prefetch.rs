@@ -38,7 +38,7 @@ use futures::StreamExt;
 use tokio::sync::Notify;
 
 use crate::catalog::Snapshot;
-use crate::sample::DrawPlan;
+use crate::sample::{DrawPlan, EpochSampler};
 use crate::store::remote::{self, FetchRange, Replica};
 use crate::store::CacheSet;
 use crate::Result;
@@ -73,22 +73,33 @@ fn replicas(caches: &CacheSet) -> Vec<(usize, Arc<Replica>)> {
         .collect()
 }
 
-/// This reader's draws of one epoch, as (cache position, sample), in order.
-fn my_draws(caches: &CacheSet, snapshot: &Snapshot, plan: &DrawPlan) -> Result<Vec<(u32, u64)>> {
-    let sampler = snapshot.epoch_sampler(plan)?;
+/// This reader's draws of one epoch, as (cache position, sample), in order,
+/// one at a time (`sampler` is the snapshot's for `plan`).
+fn draws<'a>(
+    caches: &'a CacheSet,
+    snapshot: &'a Snapshot,
+    plan: &'a DrawPlan,
+    sampler: &'a EpochSampler,
+) -> impl Iterator<Item = (u32, u64)> + 'a {
     let ids = snapshot.cache_ids().values();
     let samples = snapshot.sample_ids().values();
-    let mut out = Vec::new();
     let mut hint = 0;
-    for b in plan.my_blocks() {
-        let (start, end) = plan.block_range(b);
-        for k in start..end {
+    plan.my_blocks()
+        .flat_map(move |b| {
+            let (start, end) = plan.block_range(b);
+            start..end
+        })
+        .map(move |k| {
             let row = sampler.row(k) as usize;
             hint = caches.position_near(ids[row], hint).unwrap_or(hint);
-            out.push((hint as u32, samples[row] as u64));
-        }
-    }
-    Ok(out)
+            (hint as u32, samples[row] as u64)
+        })
+}
+
+/// This reader's draws of one epoch, all of them (the remote planner's).
+fn my_draws(caches: &CacheSet, snapshot: &Snapshot, plan: &DrawPlan) -> Result<Vec<(u32, u64)>> {
+    let sampler = snapshot.epoch_sampler(plan)?;
+    Ok(draws(caches, snapshot, plan, &sampler).collect())
 }
 
 /// Next uses of every record, over this epoch's draws followed by the next
@@ -147,33 +158,36 @@ async fn advise_local(
     plan: DrawPlan,
     progress: Arc<Progress>,
 ) -> Result<()> {
-    let draws = {
-        let (caches, snapshot, plan) = (caches.clone(), snapshot.clone(), plan.clone());
-        tokio::task::spawn_blocking(move || my_draws(&caches, &snapshot, &plan))
+    // the draws are walked as the consumer moves, never held whole; the
+    // sampler is the one the loader's own draws use (the snapshot keeps it)
+    let sampler = {
+        let (snapshot, plan) = (snapshot.clone(), plan.clone());
+        tokio::task::spawn_blocking(move || snapshot.epoch_sampler(&plan))
             .await
             .map_err(|e| crate::Error::internal(format!("read-ahead planning failed: {e}")))??
     };
+    let mut ahead = draws(&caches, &snapshot, &plan, &sampler).peekable();
     let (mut next, mut advised) = (0usize, 0u64);
     // bytes advised for each draw from the consumer's position up to `next`
     let mut sizes = std::collections::VecDeque::new();
-    while next < draws.len() {
+    while ahead.peek().is_some() {
         let consumed = progress.consumed() as usize;
         while sizes.len() > next.saturating_sub(consumed) {
             advised -= sizes.pop_front().unwrap_or(0);
         }
-        if next < consumed {
-            next = consumed; // read already: nothing to advise there
-            sizes.clear();
-            advised = 0;
+        while next < consumed && ahead.next().is_some() {
+            next += 1; // read already: nothing to advise there
         }
-        while next < draws.len() && advised < LOCAL_AHEAD_BYTES {
-            let (cache, sample) = draws[next];
+        while advised < LOCAL_AHEAD_BYTES {
+            let Some((cache, sample)) = ahead.next() else {
+                break;
+            };
             let bytes = caches[cache as usize].advise_willneed(sample);
             sizes.push_back(bytes);
             advised += bytes;
             next += 1;
         }
-        if next < draws.len() {
+        if ahead.peek().is_some() {
             // the consumer moves on; wake at least now and then (a missed notify)
             let _ =
                 tokio::time::timeout(Duration::from_millis(20), progress.moved.notified()).await;

@@ -36,28 +36,34 @@ pub struct Mirror {
     head: Mutex<Option<UpdateVersion>>,
 }
 
-/// Download `object` into `local` (whole, by atomic rename).
-async fn fetch<F, E>(
-    client: &Arc<dyn object_store::ObjectStore>,
-    object: &ObjectPath,
-    local: &Path,
-    failed: &F,
-) -> Result<()>
-where
-    F: Fn(&ObjectPath) -> E,
-    E: FnOnce(object_store::Error) -> Error,
-{
-    let bytes = client
-        .get(object)
-        .await
-        .map_err(failed(object))?
-        .bytes()
-        .await
-        .map_err(failed(object))?;
+/// The object of snapshot file `rel` (a path relative to the snapshot
+/// directory) of the snapshots under `key`.
+fn snapshot_object(remote: &Remote, key: &str, rel: &str) -> ObjectPath {
+    let mut parts = vec![REMOTE_SNAPSHOTS, key];
+    parts.extend(rel.split('/'));
+    remote.object(&parts)
+}
+
+/// The whole object `rel` of the snapshots under `key`, which must exist.
+async fn get(remote: &Remote, key: &str, rel: &str) -> Result<bytes::Bytes> {
+    let object = snapshot_object(remote, key, rel);
+    remote
+        .get_opt(&object)
+        .await?
+        .ok_or_else(|| Error::NotFound {
+            what: "snapshot file in the bucket",
+            path: remote.object_url(&object).into(),
+        })
+}
+
+/// Download snapshot file `rel` into `dir` (whole, by atomic rename).
+async fn fetch(remote: &Remote, key: &str, dir: &Path, rel: &str) -> Result<()> {
+    let bytes = get(remote, key, rel).await?;
+    let local = dir.join(rel);
     if let Some(parent) = local.parent() {
         std::fs::create_dir_all(parent).map_err(Error::io(parent))?;
     }
-    fs::write_atomic(local, &bytes)
+    fs::write_atomic(&local, &bytes)
 }
 
 impl Mirror {
@@ -74,9 +80,7 @@ impl Mirror {
     }
 
     fn object(&self, rel: &str) -> ObjectPath {
-        let mut parts = vec![REMOTE_SNAPSHOTS, self.key.as_str()];
-        parts.extend(rel.split('/'));
-        self.remote.object(&parts)
+        snapshot_object(&self.remote, &self.key, rel)
     }
 
     /// Where errors say the snapshots are.
@@ -92,38 +96,43 @@ impl Mirror {
     /// snapshot's column files are here and verified. A tag is adopted the
     /// same way.
     pub fn pull(&self, dir: &Path) -> Result<()> {
-        let remote = self.remote.clone();
+        let (remote, key) = (self.remote.clone(), self.key.clone());
         let base = self.base();
         let head_object = self.object(commit::HEAD_FILE);
         let dir = dir.to_path_buf();
         let version = block_on(async move {
             let client = remote.client()?;
-            let failed = |object: &ObjectPath| {
-                let object = remote.object_url(object);
-                move |e: object_store::Error| Error::Remote {
-                    object,
-                    detail: e.to_string(),
-                }
+            let failed = |object: &ObjectPath, e: object_store::Error| Error::Remote {
+                object: remote.object_url(object),
+                detail: e.to_string(),
             };
-            // the head first: a commit uploads its snapshot before moving it
+            // the head first (with its version): a commit uploads its
+            // snapshot before moving it
             let head = match client.get(&head_object).await {
                 Ok(got) => {
                     let version = UpdateVersion {
                         e_tag: got.meta.e_tag.clone(),
                         version: got.meta.version.clone(),
                     };
-                    let bytes = got.bytes().await.map_err(failed(&head_object))?;
+                    let bytes = got.bytes().await.map_err(|e| failed(&head_object, e))?;
                     Some((bytes, version))
                 }
                 Err(object_store::Error::NotFound { .. }) => None,
-                Err(e) => return Err(failed(&head_object)(e)),
+                Err(e) => return Err(failed(&head_object, e)),
             };
             let listed: Vec<object_store::ObjectMeta> = client
                 .list(Some(&base))
                 .try_collect()
                 .await
-                .map_err(failed(&base))?;
-            let mut tags = Vec::new();
+                .map_err(|e| failed(&base, e))?;
+            // (local record, its bytes, the snapshot it names, the head's version)
+            let mut adopt = Vec::new();
+            if let Some((bytes, version)) = head {
+                let number = commit::parse_head(&bytes).ok_or_else(|| {
+                    Error::corrupt(remote.object_url(&head_object), "unreadable head record")
+                })?;
+                adopt.push((commit::HEAD_FILE.to_string(), bytes, number, Some(version)));
+            }
             for meta in listed {
                 let Some(parts) = meta.location.prefix_match(&base) else {
                     continue;
@@ -134,51 +143,28 @@ impl Mirror {
                     continue; // read above
                 }
                 if rel.starts_with("tags/") {
-                    let bytes = client
-                        .get(&meta.location)
-                        .await
-                        .map_err(failed(&meta.location))?
-                        .bytes()
-                        .await
-                        .map_err(failed(&meta.location))?;
-                    tags.push((rel, bytes));
+                    let bytes = get(&remote, &key, &rel).await?;
+                    let number = commit::parse_tag(Path::new(&rel), &bytes)?;
+                    adopt.push((rel, bytes, number, None));
                 } else if !dir.join(&rel).exists() {
-                    // manifests and columns never change
-                    fetch(&client, &meta.location, &dir.join(&rel), &failed).await?;
+                    fetch(&remote, &key, &dir, &rel).await?; // manifests and columns never change
                 }
             }
-            // what the head and the tags name, should the listing have missed it
-            let mut adopt = Vec::new();
-            if let Some((bytes, version)) = head {
-                let local = dir.join(commit::HEAD_FILE);
-                let number = commit::parse_head(&bytes).ok_or_else(|| {
-                    Error::corrupt(remote.object_url(&head_object), "unreadable head record")
-                })?;
-                adopt.push((local, bytes, number, Some(version)));
-            }
-            for (rel, bytes) in tags {
-                let local = dir.join(&rel);
-                let number = commit::parse_tag(Path::new(&rel), &bytes)?;
-                adopt.push((local, bytes, number, None));
-            }
+            // a record is adopted once what it names is here (fetched by name
+            // should the listing have missed it) and verified
             let mut head_version = None;
-            for (local, bytes, number, version) in adopt {
-                let manifest = Snapshot::file_name(number);
+            for (rel, bytes, number, version) in adopt {
+                let local = dir.join(&rel);
                 if std::fs::read(&local).ok().as_deref() != Some(&bytes[..]) {
-                    let mut fetched = false;
-                    if !dir.join(&manifest).exists() {
-                        let object = base.clone().join(manifest.as_str());
-                        fetch(&client, &object, &dir.join(&manifest), &failed).await?;
-                        fetched = true;
+                    let manifest = Snapshot::file_name(number);
+                    let mut fetched = !dir.join(&manifest).exists();
+                    if fetched {
+                        fetch(&remote, &key, &dir, &manifest).await?;
                     }
                     for hash in snapshot::manifest_columns(&dir, number)? {
-                        let rel = format!("{}/{hash}.arrow", snapshot::COLUMNS_DIR);
-                        if !dir.join(&rel).exists() {
-                            let mut object = base.clone();
-                            for part in rel.split('/') {
-                                object = object.join(part);
-                            }
-                            fetch(&client, &object, &dir.join(&rel), &failed).await?;
+                        let column = format!("{}/{hash}.arrow", snapshot::COLUMNS_DIR);
+                        if !dir.join(&column).exists() {
+                            fetch(&remote, &key, &dir, &column).await?;
                             fetched = true;
                         }
                     }
@@ -192,9 +178,7 @@ impl Mirror {
                     }
                     fs::write_atomic(&local, &bytes)?;
                 }
-                if version.is_some() {
-                    head_version = version;
-                }
+                head_version = head_version.or(version);
             }
             Ok::<_, Error>(head_version)
         })??;

@@ -220,6 +220,16 @@ print("BYTES", ds.fetch_stats()["bytes"])
 """
 
 
+def finish_all(children: list[subprocess.Popen], timeout: float) -> list[tuple]:
+    """(child, stdout, stderr) of each, waiting at most `timeout` s for each;
+    every child is killed when the waiting ends, however it ends."""
+    try:
+        return [(child, *child.communicate(timeout=timeout)) for child in children]
+    finally:
+        for child in children:
+            child.kill()
+
+
 def run_children(url, options, shared, budget, want):
     """Two processes reading all of `url` through one cache_dir; each
     delivered record checked; the bytes each downloaded."""
@@ -242,11 +252,7 @@ def run_children(url, options, shared, budget, want):
         for seed in (1, 2)
     ]
     downloaded = []
-    for child in children:
-        try:
-            out, err = child.communicate(timeout=180)
-        finally:
-            child.kill()
+    for child, out, err in finish_all(children, timeout=180):
         assert child.returncode == 0, err
         *rows, last = [line.split() for line in out.splitlines()]
         assert len(rows) == 1000
@@ -402,11 +408,7 @@ def test_racing_machines_pull_consistent_heads_and_every_commit_lands(bucket, tm
             )
             for m in range(3)
         ]
-        for racer in racers:
-            try:
-                out, err = racer.communicate(timeout=240)
-            finally:
-                racer.kill()
+        for racer, out, err in finish_all(racers, timeout=240):
             assert racer.returncode == 0, err
             assert out.split()[0] == "8"
         ds = drt.open(url, storage_options=options, cache_dir=tmp_path / f"t{trial}-check")

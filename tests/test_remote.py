@@ -555,3 +555,63 @@ def test_dataloader_workers_sharing_a_cache_dir_share_one_budget(bucket, tmp_pat
     # the shard headers' pages stay
     slack = budget // size * 4096 + workers * 32 * size + (1 << 20)
     assert peak[0] <= budget + slack, (peak[0], budget, slack)
+
+
+def test_get_item_and_sql_reads_count_against_the_budget(bucket, tmp_path):
+    """Reads outside a loader count against the host's budget too: get_item
+    and SQL over a replica whose budget holds a quarter of the data evict what
+    reads fetched longest ago, and every record still reads back right."""
+    import random
+    import threading
+
+    url, options, *_ = bucket
+    n, size = 400, 16 * 1024
+    records = Source("reads-v1", n, payload=lambda i: bytes([i % 251]) * size)
+    drt.build(
+        url,
+        [records],
+        storage_options=options,
+        cache_dir=tmp_path / "b",
+        shard_bytes=1 << 20,
+        codec="none",
+        progress=False,
+    )
+    budget = n * size // 4
+    ds = drt.open(url, storage_options=options, cache_dir=tmp_path / "host", cache_bytes=budget)
+    cid = ds.caches[0]["cache_id"]
+    replica = Path(ds.caches[0]["path"])
+
+    def held() -> int:
+        return sum(p.stat().st_blocks * 512 for p in replica.glob("shard-*.drts"))
+
+    # the documented bound: the budget, a page at the edges of each record it
+    # holds, the shard headers' pages; plus the record being read
+    bound = budget + budget // size * 4096 + (1 << 20) + size
+    peak = 0
+    for sid in random.Random(5).sample(range(n), n):
+        assert ds.get_item(cid, sid).data == records.payload(sid)
+        peak = max(peak, held())
+    assert peak <= bound, (peak, bound)
+    assert ds.fetch_stats()["evicted_bytes"] >= n * size // 2
+
+    sql_peak, done = [0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            sql_peak[0] = max(sql_peak[0], held())
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        out = ds.sql(
+            "SELECT m.sample_id, p.data FROM metadata m JOIN payloads p USING (cache_id, sample_id)"
+        )
+    finally:
+        done.set()
+        watcher.join(timeout=10)
+    assert out.height == n
+    for sid, data in out.iter_rows():
+        assert data == records.payload(sid)
+    # SQL reads in parallel partitions: one record in flight per thread more
+    assert sql_peak[0] <= bound + 8 * size, (sql_peak[0], bound)

@@ -310,6 +310,11 @@ def main() -> None:
     parser.add_argument("--gbit", type=float, default=1.0, help="the capped link, Gbit/s")
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--server", choices=["s3s", "moto"], default="s3s")
+    parser.add_argument(
+        "--only-shared-budget",
+        action="store_true",
+        help="measure only the DataLoader workers under one budget",
+    )
     args = parser.parse_args()
     n = args.mib * (1 << 20) // RECORD
     work = Path(tempfile.mkdtemp(prefix="drt-bench-remote-"))
@@ -343,6 +348,9 @@ def main() -> None:
         )
         data_bytes = n * RECORD
         mb = data_bytes / 1e6
+        if args.only_shared_budget:
+            shared_budget(url, work, port, args, data_bytes)
+            return
         print(
             f"{n} records of 16 KiB ({args.mib} MiB) in {args.server}, built and uploaded in "
             f"{time.perf_counter() - t:.1f} s; proxy delay {args.low_ms:.0f}-{args.high_ms:.0f} "

@@ -1,6 +1,7 @@
 //! Getting bytes to Python fast: the loader plan (`SampleExec →
 //! PayloadTakeExec`) and its bounded read-ahead.
 
+mod host;
 mod loader;
 pub mod prefetch;
 mod request;

@@ -43,6 +43,8 @@ use crate::store::remote::{self, FetchRange, Replica};
 use crate::store::CacheSet;
 use crate::Result;
 
+use super::host;
+
 /// Bytes fetched ahead of the consumer when the budget holds everything.
 const AHEAD_BYTES: u64 = 256 << 20;
 
@@ -102,8 +104,8 @@ fn my_draws(caches: &CacheSet, snapshot: &Snapshot, plan: &DrawPlan) -> Result<V
     Ok(draws(caches, snapshot, plan, &sampler).collect())
 }
 
-/// Next uses of every record, over this epoch's draws followed by the next
-/// epoch's: positions, grouped by record.
+/// Next uses of every record by one reader, over its draws of this epoch
+/// followed by the next epoch's: positions, grouped by record.
 struct NextUse {
     positions: HashMap<(u32, u64), Vec<u64>>,
 }
@@ -117,13 +119,77 @@ impl NextUse {
         NextUse { positions }
     }
 
-    /// First use of `key` at or after position `now` (`u64::MAX`: never).
-    fn after(&self, key: (u32, u64), now: u64) -> u64 {
+    /// The next uses of `plan`'s reader: this epoch's draws, then the next's.
+    fn of(caches: &CacheSet, snapshot: &Snapshot, plan: &DrawPlan) -> Result<Self> {
+        let this = my_draws(caches, snapshot, plan)?;
+        Ok(Self::following(caches, snapshot, plan, this))
+    }
+
+    /// The next uses over `this` (the draws of `plan`), then the next epoch's
+    /// (none, if they cannot be drawn).
+    fn following(
+        caches: &CacheSet,
+        snapshot: &Snapshot,
+        plan: &DrawPlan,
+        this: Vec<(u32, u64)>,
+    ) -> Self {
+        let mut next = plan.clone();
+        next.epoch += 1;
+        next.start_block = 0;
+        let following = my_draws(caches, snapshot, &next).unwrap_or_default();
+        NextUse::new(this.into_iter().chain(following))
+    }
+
+    /// Draws from position `now` to the first use of `key` at or after it
+    /// (`u64::MAX`: never).
+    fn distance(&self, key: (u32, u64), now: u64) -> u64 {
         let Some(p) = self.positions.get(&key) else {
             return u64::MAX;
         };
         let i = p.partition_point(|&x| x < now);
-        p.get(i).copied().unwrap_or(u64::MAX)
+        p.get(i).map_or(u64::MAX, |&x| x - now)
+    }
+}
+
+/// The futures of the host's readers over this snapshot (`load::host`): each
+/// reader's next uses, by its published key, and where each reader is.
+struct HostFuture {
+    dir: Option<std::path::PathBuf>,
+    /// This reader's key and next uses (always known, published or not).
+    own: (String, Arc<NextUse>),
+    uses: HashMap<String, Arc<NextUse>>,
+}
+
+impl HostFuture {
+    /// The readers now: (next uses, position) of each, this one at `consumed`.
+    async fn readers(
+        &mut self,
+        caches: &CacheSet,
+        snapshot: &Arc<Snapshot>,
+        consumed: u64,
+    ) -> Vec<(Arc<NextUse>, u64)> {
+        let published = self.dir.as_deref().map(host::readers).unwrap_or_default();
+        let mut out = vec![(self.own.1.clone(), consumed)];
+        let mut keep = std::collections::HashSet::new();
+        for reader in published {
+            if reader.fingerprint != snapshot.fingerprint() || reader.key == self.own.0 {
+                continue; // another snapshot's draws are not known here; this one is above
+            }
+            keep.insert(reader.key.clone());
+            if !self.uses.contains_key(&reader.key) {
+                let (caches, snapshot, plan) = (caches.clone(), snapshot.clone(), reader.plan);
+                let built =
+                    tokio::task::spawn_blocking(move || NextUse::of(&caches, &snapshot, &plan))
+                        .await;
+                match built {
+                    Ok(Ok(uses)) => self.uses.insert(reader.key.clone(), Arc::new(uses)),
+                    _ => continue, // unknown: its records count as needed never
+                };
+            }
+            out.push((self.uses[&reader.key].clone(), reader.consumed));
+        }
+        self.uses.retain(|k, _| keep.contains(k));
+        out
     }
 }
 
@@ -196,9 +262,6 @@ async fn advise_local(
     Ok(())
 }
 
-/// Disk a held record may take beyond its bytes: a page at its edges.
-const PAGE_SLACK: u64 = 4096;
-
 /// Bytes of local records advised ahead of the consumer (the loader's own
 /// read-ahead window of batches lies inside it).
 const LOCAL_AHEAD_BYTES: u64 = 64 << 20;
@@ -235,23 +298,31 @@ async fn run(
         let records: u64 = remotes.iter().map(|(_, r)| r.records()).sum();
         (bytes / records.max(1)).max(1)
     };
-    // Belady needs the future past this epoch: the next epoch's draws
-    let next_use = if whole {
-        None
+    // Belady needs the future past this epoch (the next epoch's draws) and
+    // every reader's of the host: this one's is published for the others
+    let (mut host_future, published) = if whole || budget.is_none() {
+        (None, None)
     } else {
-        let (caches, snapshot) = (caches.clone(), snapshot.clone());
-        let mut next = plan.clone();
-        next.epoch += 1;
-        next.start_block = 0;
+        let (c, s, p) = (caches.clone(), snapshot.clone(), plan.clone());
         let this: Vec<(u32, u64)> = draws.clone();
-        Some(Arc::new(
-            tokio::task::spawn_blocking(move || {
-                let following = my_draws(&caches, &snapshot, &next).unwrap_or_default();
-                NextUse::new(this.into_iter().chain(following))
-            })
+        let own = tokio::task::spawn_blocking(move || NextUse::following(&c, &s, &p, this))
             .await
-            .map_err(|e| crate::Error::invalid(format!("prefetch planning failed: {e}")))?,
-        ))
+            .map_err(|e| crate::Error::internal(format!("prefetch planning failed: {e}")))?;
+        let dir = remotes[0]
+            .1
+            .remote()
+            .replica_root_for(false)
+            .join("readers");
+        let published = host::Published::new(&dir, snapshot.fingerprint(), &plan).ok();
+        let key = published
+            .as_ref()
+            .map_or_else(String::new, |p| p.key().to_string());
+        let future = HostFuture {
+            dir: Some(dir),
+            own: (key, Arc::new(own)),
+            uses: HashMap::new(),
+        };
+        (Some(future), published)
     };
     let ahead_bytes = match (whole, budget) {
         (true, _) | (false, None) => AHEAD_BYTES,
@@ -306,13 +377,16 @@ async fn run(
             }
         };
         let end = (pos + step).min(total).min(limit);
+        if let Some(p) = &published {
+            p.advance(progress.consumed());
+        }
         let mut wanted: HashMap<usize, Vec<u64>> = HashMap::new();
         for &(c, s) in &draws[pos as usize..end as usize] {
             if by_position.contains_key(&(c as usize)) {
                 wanted.entry(c as usize).or_default().push(s);
             }
         }
-        if let (Some(next_use), Some(budget)) = (&next_use, budget) {
+        if let (Some(future), Some(budget)) = (&mut host_future, budget) {
             let incoming: u64 = wanted
                 .iter()
                 .flat_map(|(c, samples)| {
@@ -328,13 +402,22 @@ async fn run(
             // may keep one more page at its edges (the documented slack, at
             // most a quarter of the budget: tiny records share their pages)
             let held: u64 = remotes.iter().map(|(_, r)| r.held_on_disk()).sum();
-            let slack = (budget / mean).saturating_mul(PAGE_SLACK).min(budget / 4);
-            let on_disk = budget.saturating_add(slack);
+            let on_disk = remotes[0].1.remote().disk_limit(mean).unwrap_or(budget);
             if held + incoming > on_disk {
-                // free an eighth of the budget beyond what is needed, so
-                // eviction runs now and then, not on every step
-                let need = held + incoming - on_disk + budget / 8;
-                evict(&remotes, next_use, progress.consumed(), end, need);
+                let consumed = progress.consumed();
+                let readers = future.readers(&caches, &snapshot, consumed).await;
+                let eviction = Eviction {
+                    remotes: remotes.clone(),
+                    readers,
+                    // what any reader has fetched ahead and not yet read stays
+                    keep_within: end.saturating_sub(consumed),
+                    limit: on_disk.saturating_sub(incoming),
+                    // free an eighth of the budget beyond what is needed, so
+                    // eviction runs now and then, not on every step
+                    extra: budget / 8,
+                    lock: remotes[0].1.remote().evict_lock_path(),
+                };
+                let _ = tokio::task::spawn_blocking(move || eviction.run()).await;
             }
         }
         for (c, mut samples) in wanted {
@@ -352,29 +435,58 @@ async fn run(
     Ok(())
 }
 
-/// Evict at least `need` bytes of held records, those needed latest first.
-/// Records needed before `pending` (read ahead, not yet consumed) stay.
-fn evict(remotes: &[(usize, Arc<Replica>)], next_use: &NextUse, now: u64, pending: u64, need: u64) {
-    let mut held: Vec<(u64, usize, u64)> = Vec::new();
-    for (i, (c, r)) in remotes.iter().enumerate() {
-        for s in 0..r.records() {
-            if r.is_present(s) {
-                let next = next_use.after((*c as u32, s), now);
-                if next >= pending {
-                    held.push((next, i, s));
+/// One eviction for the host: the records held on disk by any process,
+/// those needed latest by any reader first.
+struct Eviction {
+    remotes: Vec<(usize, Arc<Replica>)>,
+    /// Every known reader's next uses and position.
+    readers: Vec<(Arc<NextUse>, u64)>,
+    /// Records some reader needs within this many draws stay.
+    keep_within: u64,
+    /// Bytes the replicas may hold on disk after the eviction...
+    limit: u64,
+    /// ...less this much more, freed at once.
+    extra: u64,
+    /// The host's eviction lock ([`remote::Remote::evict_lock_path`]).
+    lock: std::path::PathBuf,
+}
+
+impl Eviction {
+    fn run(self) {
+        let _lock = crate::store::fs::lock_exclusive(&self.lock).ok();
+        let held: u64 = self.remotes.iter().map(|(_, r)| r.held_on_disk()).sum();
+        if held <= self.limit {
+            return; // another process freed enough meanwhile
+        }
+        let need = held - self.limit + self.extra;
+        let mut candidates: Vec<(u64, usize, u64)> = Vec::new();
+        for (i, (c, r)) in self.remotes.iter().enumerate() {
+            r.observe_disk();
+            for s in 0..r.records() {
+                if !r.is_present(s) {
+                    continue;
+                }
+                let next = self
+                    .readers
+                    .iter()
+                    .map(|(uses, now)| uses.distance((*c as u32, s), *now))
+                    .min()
+                    .unwrap_or(u64::MAX);
+                if next >= self.keep_within {
+                    candidates.push((next, i, s));
                 }
             }
         }
-    }
-    held.sort_unstable_by_key(|h| std::cmp::Reverse(h.0));
-    let mut freed = 0;
-    for (_, i, s) in held {
-        if freed >= need {
-            break;
+        candidates.sort_unstable_by_key(|h| std::cmp::Reverse(h.0));
+        let mut freed = 0;
+        for (_, i, s) in candidates {
+            if freed >= need {
+                break;
+            }
+            let r = &self.remotes[i].1;
+            freed += r.record_bytes(s);
+            r.evict(s);
         }
-        let r = &remotes[i].1;
-        freed += r.record_bytes(s);
-        r.evict(s);
     }
 }
 

@@ -82,6 +82,11 @@ fn temp_owner(name: &str) -> Option<u32> {
     (owner_host == host()).then(|| pid.parse().ok())?
 }
 
+/// Is process `pid` of this machine running (this process included)?
+pub fn alive(pid: u32) -> bool {
+    pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists()
+}
+
 /// Remove the temporary files and staging directories in `dir` left by
 /// processes of this machine that are gone (killed mid-build or mid-update).
 /// Entries of live processes and of other machines stay. Best effort: a
@@ -95,7 +100,7 @@ pub fn remove_stale_temps(dir: &Path) {
         let Some(pid) = temp_owner(&name) else {
             continue;
         };
-        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+        if alive(pid) {
             continue;
         }
         let path = entry.path();
@@ -217,5 +222,98 @@ pub fn punch_hole(file: &File, offset: u64, len: u64) {
             offset as libc::off_t,
             len as libc::off_t,
         );
+    }
+}
+
+/// The byte ranges of `file` that hold data (not holes), in order: what a
+/// sparse file holds on disk, whoever wrote it. A file system that does not
+/// report holes reports the whole file.
+pub fn data_extents(file: &File) -> std::io::Result<Vec<std::ops::Range<u64>>> {
+    use std::os::fd::AsRawFd;
+    let len = file.metadata()?.len();
+    let fd = file.as_raw_fd();
+    let mut out = Vec::new();
+    let mut at = 0u64;
+    while at < len {
+        // SAFETY: lseek on an open descriptor; no memory is passed. Each
+        // call names its own offset, so a shared file position is not used.
+        let start = unsafe { libc::lseek(fd, at as libc::off_t, libc::SEEK_DATA) };
+        if start < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                break; // only a hole from `at` to the end
+            }
+            return Err(e);
+        }
+        // SAFETY: as above.
+        let end = unsafe { libc::lseek(fd, start, libc::SEEK_HOLE) };
+        if end < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let (start, end) = (start as u64, (end as u64).min(len));
+        if end <= start {
+            break;
+        }
+        out.push(start..end);
+        at = end;
+    }
+    Ok(out)
+}
+
+/// Hold an exclusive lock on `path` (created if missing) until the returned
+/// file is dropped; waits for the holder. One per open file description, so
+/// threads of one process exclude each other too; the kernel releases it if
+/// the process dies.
+pub fn lock_exclusive(path: &Path) -> Result<File> {
+    use std::os::fd::AsRawFd;
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(Error::io(path))?;
+    loop {
+        // SAFETY: flock on an open descriptor; no memory is passed.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(file);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(Error::io(path)(e));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn data_extents_are_what_a_sparse_file_holds_and_holes_punched_leave_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sparse");
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        file.set_len(1 << 20).unwrap();
+        let empty = data_extents(&file).unwrap();
+        if empty.len() == 1 && empty[0] == (0..1 << 20) {
+            return; // a file system that does not report holes: the whole file
+        }
+        assert_eq!(empty, vec![]);
+        file.write_all_at(&[1; 8192], 65536).unwrap();
+        file.write_all_at(&[2; 4096], 512 << 10).unwrap();
+        let second = (512 << 10)..(512 << 10) + 4096;
+        assert_eq!(
+            data_extents(&file).unwrap(),
+            vec![65536..65536 + 8192, second.clone()]
+        );
+        punch_hole(&file, 65536, 8192);
+        assert_eq!(data_extents(&file).unwrap(), vec![second]);
     }
 }

@@ -49,6 +49,8 @@ use super::format::{
 use super::fs;
 use crate::{Error, Result};
 
+/// Disk a held record may take beyond its bytes: a page at its edges.
+pub const PAGE_SLACK: u64 = 4096;
 /// Largest range one request asks for.
 pub const MAX_REQUEST_BYTES: u64 = 8 << 20;
 /// Bytes a chunk of a shard holds (rounded to whole records) when the whole
@@ -233,6 +235,24 @@ impl Remote {
             format!("{hash:016x}-evicting")
         };
         self.options.cache_dir.join(name)
+    }
+
+    /// The host's eviction lock (in the evicting replicas' directory): one
+    /// process evicts at a time, each seeing what the one before it freed.
+    pub fn evict_lock_path(&self) -> PathBuf {
+        self.replica_root_for(false).join("evict.lock")
+    }
+
+    /// Bytes the evicting replicas of this URL may take on disk: the budget,
+    /// plus a page at the edges of each record it holds (records of `mean`
+    /// bytes), at most a quarter of the budget (tiny records share pages).
+    /// `None`: no budget.
+    pub fn disk_limit(&self, mean: u64) -> Option<u64> {
+        let budget = self.options.cache_bytes?;
+        let slack = (budget / mean.max(1))
+            .saturating_mul(PAGE_SLACK)
+            .min(budget / 4);
+        Some(budget.saturating_add(slack))
     }
 
     /// Does the budget hold every payload byte of caches `names`?
@@ -631,6 +651,10 @@ pub struct Replica {
     /// The budget holds the whole dataset: fetched in whole chunks, never
     /// evicted, read in place.
     whole: bool,
+    /// Records reads fetched themselves (`get_item`, SQL, a read the
+    /// read-ahead had not reached), oldest first: what goes first when such a
+    /// read would take the replica past the budget.
+    read_fetched: Mutex<std::collections::VecDeque<u64>>,
     requests: AtomicU64,
     bytes: AtomicU64,
     hits: AtomicU64,
@@ -688,6 +712,7 @@ impl Replica {
             landed: (Mutex::new(()), Condvar::new()),
             owner: AtomicU32::new(std::process::id()),
             whole,
+            read_fetched: Mutex::new(std::collections::VecDeque::new()),
             requests: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             hits: AtomicU64::new(0),
@@ -737,6 +762,34 @@ impl Replica {
             .filter_map(|(_, _, file)| file.metadata().ok())
             .map(|m| m.blocks() * 512)
             .sum()
+    }
+
+    /// Take the host's view of which records are held: a record whose bytes
+    /// are all on disk counts as held (whichever process fetched it, so this
+    /// process may evict it), one with a hole as absent (another process
+    /// evicted it). Records this process is fetching stay as they are. The
+    /// view is a hint for eviction and read-ahead; reads verify every byte.
+    pub fn observe_disk(&self) {
+        self.adopt();
+        let extents: Vec<Option<Vec<Range<u64>>>> = self
+            .shards
+            .iter()
+            .map(|(_, _, file)| fs::data_extents(file).ok())
+            .collect();
+        for (s, &(shard, start, end, _)) in self.spans.iter().enumerate() {
+            let Some(data) = &extents[shard as usize] else {
+                continue; // unreadable: this process's own view stays
+            };
+            let i = data.partition_point(|e| e.end <= start);
+            let on_disk = data
+                .get(i)
+                .is_some_and(|e| e.start <= start && end <= e.end);
+            if on_disk {
+                self.move_state(s as u64, ABSENT, PRESENT);
+            } else {
+                self.move_state(s as u64, PRESENT, ABSENT);
+            }
+        }
     }
 
     pub fn is_present(&self, sample: u64) -> bool {
@@ -984,6 +1037,8 @@ impl Replica {
             if check()? {
                 if attempt == 0 {
                     self.hits.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.within_budget(sample);
                 }
                 self.move_state(sample, ABSENT, PRESENT); // fetched by another process
                 return Ok(());
@@ -1017,6 +1072,32 @@ impl Replica {
                 self.name
             ),
         ))
+    }
+
+    /// A read fetched record `sample` itself: keep the replica within the
+    /// budget by evicting what reads fetched longest ago (the loader's
+    /// read-ahead evicts by the known future, `load::prefetch`; a record
+    /// fetched by a read is needed by no loader's plan, so it goes first
+    /// there too).
+    fn within_budget(&self, sample: u64) {
+        if self.whole {
+            return;
+        }
+        let mean = (self.total_bytes() / self.records().max(1)).max(1);
+        let Some(limit) = self.remote.disk_limit(mean) else {
+            return;
+        };
+        let mut fetched = self.read_fetched.lock().unwrap_or_else(|p| p.into_inner());
+        fetched.push_back(sample);
+        if self.held_on_disk() <= limit {
+            return;
+        }
+        let _lock = fs::lock_exclusive(&self.remote.evict_lock_path()).ok();
+        while self.held_on_disk() > limit && fetched.len() > 1 {
+            if let Some(oldest) = fetched.pop_front() {
+                self.evict(oldest);
+            }
+        }
     }
 
     fn release_all(&self, ranges: &[FetchRange]) {

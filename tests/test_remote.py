@@ -555,6 +555,13 @@ def test_dataloader_workers_sharing_a_cache_dir_share_one_budget(bucket, tmp_pat
     # the shard headers' pages stay
     slack = budget // size * 4096 + workers * 32 * size + (1 << 20)
     assert peak[0] <= budget + slack, (peak[0], budget, slack)
+    # the workers downloaded and evicted; this process read nothing itself,
+    # and the host's counters hold what the workers did after they ended
+    assert ds.fetch_stats()["bytes"] == 0
+    host = ds.fetch_stats(host=True)
+    # (records of zeros are never downloaded: a hole reads back as them)
+    assert host["bytes"] >= (n - len(range(0, n, 251))) * size, host
+    assert host["evicted_bytes"] > 0, host
 
 
 def test_get_item_and_sql_reads_count_against_the_budget(bucket, tmp_path):

@@ -116,15 +116,18 @@ class Dataset:
         """Make the head's snapshot the active population here; returns its number."""
         return self._native.refresh()
 
-    def fetch_stats(self) -> dict[str, int]:
-        """What reading remote caches has cost this process so far.
+    def fetch_stats(self, host: bool = False) -> dict[str, int]:
+        """What reading remote caches has cost so far: this process, or with
+        ``host=True`` every process on this host that shares the dataset's
+        ``cache_dir`` (DataLoader workers, ranks, notebooks; those that ended
+        included).
 
         ``requests`` and ``bytes`` downloaded, records read that the local
         replica already held (``hits``) or that were fetched only when read
         (``misses``: the read-ahead had not reached them), and
         ``evicted_bytes``. All zero for a dataset of local caches.
         """
-        return dict(self._native.fetch_stats())
+        return dict(self._native.fetch_stats(host))
 
     @property
     def fingerprint(self) -> str:

@@ -168,9 +168,11 @@ impl PyDataset {
     }
 
     /// Download counters of the remote caches: requests, bytes, hits,
-    /// misses (records fetched when read), evicted_bytes.
-    fn fetch_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.inner.fetch_stats();
+    /// misses (records fetched when read), evicted_bytes; this process's or
+    /// the host's.
+    #[pyo3(signature = (host=false))]
+    fn fetch_stats<'py>(&self, py: Python<'py>, host: bool) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.fetch_stats(host);
         let d = PyDict::new(py);
         d.set_item("requests", s.requests)?;
         d.set_item("bytes", s.bytes)?;

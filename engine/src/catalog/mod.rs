@@ -245,16 +245,13 @@ impl Dataset {
         Ok(numbers)
     }
 
-    /// Download counters of the remote caches, summed (zero when all are local).
-    pub fn fetch_stats(&self) -> remote::FetchStats {
+    /// Download counters of the remote caches, summed (zero when all are
+    /// local): this process's, or (`host`) every process's that shares this
+    /// `cache_dir` on this host, those that ended included.
+    pub fn fetch_stats(&self, host: bool) -> remote::FetchStats {
         let mut sum = remote::FetchStats::default();
         for r in self.caches.iter().filter_map(|c| c.replica()) {
-            let s = r.stats();
-            sum.requests += s.requests;
-            sum.bytes += s.bytes;
-            sum.hits += s.hits;
-            sum.misses += s.misses;
-            sum.evicted_bytes += s.evicted_bytes;
+            sum += if host { r.host_stats() } else { r.stats() };
         }
         sum
     }

@@ -14,6 +14,7 @@
 
 pub mod checksum;
 pub mod codec;
+mod counters;
 pub mod format;
 pub mod fs;
 pub mod ipc;

@@ -43,6 +43,7 @@ use object_store::{
 };
 
 use super::checksum::crc32c;
+use super::counters::{Counters, COUNTERS};
 use super::format::{
     shard_file_name, IndexEntry, ATTRIBUTES_FILE, INDEX_FILE, MANIFEST_FILE, SHARD_HEADER_LEN,
 };
@@ -627,6 +628,28 @@ pub struct FetchStats {
     pub evicted_bytes: u64,
 }
 
+impl From<[u64; COUNTERS]> for FetchStats {
+    fn from([requests, bytes, hits, misses, evicted_bytes]: [u64; COUNTERS]) -> Self {
+        FetchStats {
+            requests,
+            bytes,
+            hits,
+            misses,
+            evicted_bytes,
+        }
+    }
+}
+
+impl std::ops::AddAssign for FetchStats {
+    fn add_assign(&mut self, o: FetchStats) {
+        self.requests += o.requests;
+        self.bytes += o.bytes;
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.evicted_bytes += o.evicted_bytes;
+    }
+}
+
 /// A record's state in this process.
 const ABSENT: u8 = 0;
 const IN_FLIGHT: u8 = 1;
@@ -655,12 +678,16 @@ pub struct Replica {
     /// read-ahead had not reached), oldest first: what goes first when such a
     /// read would take the replica past the budget.
     read_fetched: Mutex<std::collections::VecDeque<u64>>,
-    requests: AtomicU64,
-    bytes: AtomicU64,
-    hits: AtomicU64,
-    misses: AtomicU64,
-    evicted: AtomicU64,
+    /// requests, bytes, hits, misses, evicted bytes: this process's, where
+    /// the host's other processes see them.
+    counts: Counters,
 }
+
+const REQUESTS: usize = 0;
+const BYTES: usize = 1;
+const HITS: usize = 2;
+const MISSES: usize = 3;
+const EVICTED: usize = 4;
 
 /// One range request: records `first..end` (consecutive, in one shard) at bytes `range`.
 #[derive(Debug, Clone)]
@@ -702,6 +729,7 @@ impl Replica {
                 )
             })
             .collect();
+        let counts = Counters::new(&remote.replica_root_for(whole).join("counts").join(name));
         Ok(Replica {
             state: spans.iter().map(|_| AtomicU8::new(ABSENT)).collect(),
             spans,
@@ -713,11 +741,7 @@ impl Replica {
             owner: AtomicU32::new(std::process::id()),
             whole,
             read_fetched: Mutex::new(std::collections::VecDeque::new()),
-            requests: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            evicted: AtomicU64::new(0),
+            counts,
         })
     }
 
@@ -796,14 +820,15 @@ impl Replica {
         self.state[sample as usize].load(Ordering::Acquire) == PRESENT
     }
 
+    /// What this process's reads of the replica cost.
     pub fn stats(&self) -> FetchStats {
-        FetchStats {
-            requests: self.requests.load(Ordering::Relaxed),
-            bytes: self.bytes.load(Ordering::Relaxed),
-            hits: self.hits.load(Ordering::Relaxed),
-            misses: self.misses.load(Ordering::Relaxed),
-            evicted_bytes: self.evicted.load(Ordering::Relaxed),
-        }
+        FetchStats::from(self.counts.get())
+    }
+
+    /// What every process's reads of the replica on this host (sharing its
+    /// `cache_dir`) cost, those that ended included.
+    pub fn host_stats(&self) -> FetchStats {
+        FetchStats::from(self.counts.host())
     }
 
     /// The requests that fetch `samples` (any order, repeats allowed): in
@@ -949,8 +974,8 @@ impl Replica {
             return Ok(());
         }
         let bytes = self.remote.get_range(object, r.range.clone()).await?;
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.counts.add(REQUESTS, 1);
+        self.counts.add(BYTES, bytes.len() as u64);
         for s in r.records.clone() {
             let (_, start, end, crc) = self.spans[s as usize];
             let at = (start - r.range.start) as usize..(end - r.range.start) as usize;
@@ -1036,7 +1061,7 @@ impl Replica {
             }
             if check()? {
                 if attempt == 0 {
-                    self.hits.fetch_add(1, Ordering::Relaxed);
+                    self.counts.add(HITS, 1);
                 } else {
                     self.within_budget(sample);
                 }
@@ -1049,7 +1074,7 @@ impl Replica {
             // a hole, a fetch that did not land, or evicted by another
             // process: fetch it now (its chunk, in whole mode), or alone when
             // it is claimed by a fetch that is late
-            self.misses.fetch_add(1, Ordering::Relaxed);
+            self.counts.add(MISSES, 1);
             self.move_state(sample, PRESENT, ABSENT);
             let ranges = self.plan(&mut vec![sample]);
             let this = self.clone();
@@ -1131,7 +1156,7 @@ impl Replica {
             return;
         }
         let (shard, start, end, _) = self.spans[sample as usize];
-        self.evicted.fetch_add(end - start, Ordering::Relaxed);
+        self.counts.add(EVICTED, end - start);
         const PAGE: u64 = 4096;
         let mut lo = start / PAGE * PAGE;
         let mut hi = end.div_ceil(PAGE) * PAGE;

@@ -16,9 +16,13 @@
 //!   `cache_dir` counts alike, so the budget is the host's — the held
 //!   records needed *latest* are evicted first — by their next use in this
 //!   epoch, then in the next one, never-again first (Belady's rule, exact
-//!   because the future is known). Records fetched ahead and not yet read are
-//!   needed sooner than anything else, so they stay. While the budget holds
-//!   the read-ahead window, each needed byte is downloaded at most once per
+//!   because the future is known). The future is the host's: every evicting
+//!   loader publishes its plan and position (`load::host`), and a record's
+//!   next use is the soonest any of them needs it; what the replica holds is
+//!   read from disk, so a process evicts records others fetched too, one
+//!   process at a time. Records fetched ahead and not yet read are needed
+//!   sooner than anything else, so they stay. While the budget holds the
+//!   read-ahead window, each needed byte is downloaded at most once per
 //!   epoch.
 //!
 //! Local caches get advice instead: the kernel is told which records come

@@ -17,7 +17,7 @@ use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRe
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::sample::{AliasTable, DrawPlan, EpochSampler, Sampling};
-use crate::store::checksum::crc32c;
+use crate::store::checksum::{crc32c, open_sealed_text, seal_text};
 use crate::store::{fs, ipc, CacheSet};
 use crate::{Error, Result};
 
@@ -338,8 +338,7 @@ pub fn publish(
     for (name, (hash, crc, len)) in names.iter().zip(&stored) {
         let _ = writeln!(body, "column={hash} {crc:08x} {len} {}", escape(name));
     }
-    let crc = crc32c(body.as_bytes());
-    let text = format!("{body}checksum={crc:08x}\n");
+    let text = seal_text(&body);
 
     let tmp = fs::temp_sibling(&dir.join(Snapshot::file_name(number)));
     fs::write_synced(&tmp, text.as_bytes())?;
@@ -422,27 +421,7 @@ pub fn read_manifest(dir: &Path, number: u64) -> Result<Manifest> {
         _ => Error::io(&path)(e),
     })?;
     let bad = |detail: String| Error::corrupt(&path, detail);
-    let text = String::from_utf8(raw).map_err(|_| bad("snapshot manifest is not UTF-8".into()))?;
-    let first = text.lines().next().unwrap_or_default();
-    let version: u32 = first
-        .strip_prefix(HEADER)
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| bad(format!("first line {first:?} is not '{HEADER} <version>'")))?;
-    if !(1..=VERSION).contains(&version) {
-        return Err(Error::UnsupportedVersion {
-            path: path.clone(),
-            found: version,
-            supported: VERSION,
-        });
-    }
-    let split = text
-        .rfind("checksum=")
-        .ok_or_else(|| bad("no checksum line".into()))?;
-    let stored = u32::from_str_radix(text[split + 9..].trim(), 16)
-        .map_err(|_| bad("unreadable checksum".into()))?;
-    if crc32c(&text.as_bytes()[..split]) != stored {
-        return Err(bad("snapshot manifest checksum mismatch".into()));
-    }
+    let (version, body) = open_sealed_text(&path, &raw, HEADER, 1..=VERSION, "snapshot manifest")?;
     let mut manifest = Manifest {
         rows: 0,
         created_unix_ms: 0,
@@ -453,7 +432,7 @@ pub fn read_manifest(dir: &Path, number: u64) -> Result<Manifest> {
         version,
     };
     let mut rows = None;
-    for line in text[..split].lines().skip(1) {
+    for line in body.lines().skip(1) {
         let (key, value) = line
             .split_once('=')
             .ok_or_else(|| bad(format!("bad line {line:?}")))?;

@@ -14,7 +14,7 @@ use arrow::buffer::{Buffer, ScalarBuffer};
 use memmap2::MmapOptions;
 
 use super::rng::{mix64, unit_f64};
-use crate::store::checksum::{crc32c, crc32c_parts};
+use crate::store::checksum::{check_magic, crc32c, crc32c_parts, header_version};
 use crate::store::fs::{map_file, temp_sibling};
 use crate::{Error, Result};
 
@@ -149,20 +149,14 @@ impl AliasTable {
     fn map(path: &Path, n: usize) -> Result<AliasTable> {
         let mmap = Arc::new(map_file(path, "alias table")?);
         let bad = |detail: String| Error::corrupt(path, detail);
-        if mmap.len() != HEADER + n * 12 || mmap[0..8] != MAGIC {
+        check_magic(path, &mmap, &MAGIC, "alias table")?;
+        if mmap.len() != HEADER + n * 12 {
             return Err(bad(format!(
                 "expected an alias table of {n} rows ({} bytes)",
                 HEADER + n * 12
             )));
         }
-        let version = u32::from_le_bytes(mmap[8..12].try_into().expect("4 bytes"));
-        if version != VERSION {
-            return Err(Error::UnsupportedVersion {
-                path: path.to_path_buf(),
-                found: version,
-                supported: VERSION,
-            });
-        }
+        header_version(path, &mmap, VERSION..=VERSION)?;
         let crc = u32::from_le_bytes(mmap[24..28].try_into().expect("4 bytes"));
         if crc32c(&mmap[HEADER..]) != crc {
             return Err(bad("alias table checksum mismatch".into()));

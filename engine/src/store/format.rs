@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::checksum::crc32c;
+use super::checksum::{check_magic, crc32c, header_version};
 use super::codec::Codec;
 use crate::{Error, Result};
 
@@ -108,21 +108,12 @@ pub fn check_index(path: &Path, bytes: &[u8]) -> Result<u64> {
         ));
     }
     let h = &bytes[..INDEX_HEADER_LEN];
-    if h[0..8] != INDEX_MAGIC {
-        return Err(Error::corrupt(path, "bad magic: not a DatasetRT index"));
-    }
+    check_magic(path, h, &INDEX_MAGIC, "index")?;
     let stored_crc = u32::from_le_bytes(h[28..32].try_into().expect("4 bytes"));
     if crc32c(&h[0..28]) != stored_crc {
         return Err(Error::corrupt(path, "index header checksum mismatch"));
     }
-    let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
-    if version != FORMAT_VERSION {
-        return Err(Error::UnsupportedVersion {
-            path: path.to_path_buf(),
-            found: version,
-            supported: FORMAT_VERSION,
-        });
-    }
+    header_version(path, h, FORMAT_VERSION..=FORMAT_VERSION)?;
     let entry_len = u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")) as usize;
     if entry_len != INDEX_ENTRY_LEN {
         return Err(Error::corrupt(
@@ -159,17 +150,9 @@ pub fn encode_shard_header(shard: u32) -> [u8; SHARD_HEADER_LEN] {
 }
 
 pub fn check_shard_header(path: &Path, bytes: &[u8], shard: u32) -> Result<()> {
-    if bytes.len() < SHARD_HEADER_LEN || bytes[0..8] != SHARD_MAGIC {
-        return Err(Error::corrupt(path, "bad magic: not a DatasetRT shard"));
-    }
-    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-    if version != FORMAT_VERSION {
-        return Err(Error::UnsupportedVersion {
-            path: path.to_path_buf(),
-            found: version,
-            supported: FORMAT_VERSION,
-        });
-    }
+    let bytes = bytes.get(..SHARD_HEADER_LEN).unwrap_or_default();
+    check_magic(path, bytes, &SHARD_MAGIC, "shard")?;
+    header_version(path, bytes, FORMAT_VERSION..=FORMAT_VERSION)?;
     let number = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes"));
     if number != shard {
         return Err(Error::corrupt(

@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::checksum::crc32c;
+use super::checksum::{open_sealed_text, seal_text};
 use super::codec::Codec;
 use super::format::FORMAT_VERSION;
 use crate::{Error, Result};
@@ -59,39 +59,19 @@ impl Manifest {
             self.attributes_crc32c,
             self.created_unix_ms,
         );
-        let crc = crc32c(body.as_bytes());
-        format!("{body}checksum={crc:08x}\n")
+        seal_text(&body)
     }
 
     pub fn decode(path: &Path, text: &[u8]) -> Result<Manifest> {
         let bad = |detail: String| Error::corrupt(path, detail);
-        let text = std::str::from_utf8(text).map_err(|_| bad("manifest is not UTF-8".into()))?;
-        let first = text.lines().next().unwrap_or_default();
-        let version = first
-            .strip_prefix(HEADER)
-            .map(str::trim)
-            .ok_or_else(|| bad(format!("first line {first:?} is not '{HEADER} <version>'")))?
-            .parse::<u32>()
-            .map_err(|_| bad(format!("bad version line {first:?}")))?;
-        if version != FORMAT_VERSION {
-            return Err(Error::UnsupportedVersion {
-                path: path.to_path_buf(),
-                found: version,
-                supported: FORMAT_VERSION,
-            });
-        }
-        let split = text
-            .rfind("checksum=")
-            .ok_or_else(|| bad("no checksum line".into()))?;
-        let stored = u32::from_str_radix(text[split + 9..].trim(), 16)
-            .map_err(|_| bad("unreadable checksum line".into()))?;
-        let actual = crc32c(&text.as_bytes()[..split]);
-        if stored != actual {
-            return Err(bad(format!(
-                "manifest checksum mismatch (stored {stored:08x}, computed {actual:08x})"
-            )));
-        }
-        let fields: HashMap<&str, &str> = text[..split]
+        let (_, body) = open_sealed_text(
+            path,
+            text,
+            HEADER,
+            FORMAT_VERSION..=FORMAT_VERSION,
+            "manifest",
+        )?;
+        let fields: HashMap<&str, &str> = body
             .lines()
             .skip(1)
             .filter_map(|l| l.split_once('='))

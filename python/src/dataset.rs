@@ -1,7 +1,7 @@
 //! `Dataset`: the native side of `datasetrt.Dataset`.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use std::time::Duration;
@@ -12,8 +12,6 @@ use datasetrt::catalog::Snapshot;
 use datasetrt::load::Loader;
 use datasetrt::query::QuerySession;
 use datasetrt::sample::Sampling;
-use datasetrt::store::remote::{self, Remote, RemoteOptions};
-use datasetrt::store::CacheSet;
 use datasetrt::{Dataset, OpenOptions};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -21,9 +19,11 @@ use pyo3_arrow::input::AnyRecordBatch;
 use pyo3_arrow::PyTable;
 
 use crate::arrow_in::collect;
-use crate::batch::{PyBatch, ShardMaps};
+use crate::batch::ShardMaps;
 use crate::draws::PyDrawPlan;
 use crate::error::{invalid, IntoPyResult};
+use crate::loader::PyLoader;
+use crate::remote::remote_options;
 use crate::runtime::{detach, runtime, wait};
 use crate::spec::PyLoaderSpec;
 
@@ -517,180 +517,4 @@ impl PyDataset {
             delivered: AtomicU64::new(0),
         })
     }
-}
-
-/// Yields one [`PyBatch`] per batch.
-#[pyclass(frozen, module = "datasetrt._native", name = "Loader")]
-pub struct PyLoader {
-    inner: Mutex<Loader>,
-    caches: CacheSet,
-    /// The shards this loader's batches map for Python (memoryviews).
-    maps: Arc<ShardMaps>,
-    plan: PyDrawPlan,
-    /// Batches handed to Python so far.
-    delivered: AtomicU64,
-}
-
-#[pymethods]
-impl PyLoader {
-    /// The state after the batches delivered so far; resume with it.
-    /// The draws this loader delivers (a copy of its plan).
-    #[getter]
-    fn plan(&self) -> PyDrawPlan {
-        PyDrawPlan {
-            plan: self.plan.plan.clone(),
-            snapshot: self.plan.snapshot.clone(),
-        }
-    }
-
-    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.plan
-            .state_after(py, self.delivered.load(Ordering::Relaxed))
-    }
-
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
-        // Mostly the read-ahead has the batch ready: take it without
-        // releasing the GIL or entering the runtime (`try_lock`: a thread
-        // waiting in the slow path below holds the lock without the GIL).
-        let ready = match self.inner.try_lock() {
-            Ok(mut guard) => guard.ready(),
-            Err(_) => std::task::Poll::Pending,
-        };
-        let next = match ready {
-            std::task::Poll::Ready(next) => next,
-            std::task::Poll::Pending => self.wait_next(py)?,
-        };
-        let Some(next) = next else { return Ok(None) };
-        let loaded = next.py()?;
-        self.delivered.fetch_add(1, Ordering::Relaxed);
-        // the read-ahead budget is released here: Python holds mapped
-        // shards (raw records) and the decoded buffers, not the budget
-        Ok(Some(PyBatch {
-            batch: loaded.batch.clone(),
-            caches: self.caches.clone(),
-            maps: self.maps.clone(),
-        }))
-    }
-
-    /// The loader's physical plan, as EXPLAIN shows it.
-    fn explain(&self) -> String {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .explain()
-    }
-
-    /// The plan with its metrics so far (rows, payload bytes, read time).
-    fn metrics(&self) -> String {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .metrics()
-    }
-}
-
-impl PyLoader {
-    /// Wait for the next batch without the GIL, checking for Ctrl-C.
-    fn wait_next(
-        &self,
-        py: Python<'_>,
-    ) -> PyResult<Option<datasetrt::Result<datasetrt::load::LoadedBatch>>> {
-        let rt = runtime()?;
-        let next = loop {
-            // The loader is locked only without the GIL and released before
-            // the GIL is taken back, so another thread calling `metrics()`
-            // (with the GIL) waits at most one slice instead of deadlocking.
-            let polled = py.detach(|| {
-                let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-                let loader: &mut Loader = &mut guard;
-                rt.block_on(async {
-                    tokio::time::timeout(Duration::from_millis(50), loader.next()).await
-                })
-            });
-            match polled {
-                Ok(next) => break next,
-                Err(_elapsed) => py.check_signals()?,
-            }
-        };
-        Ok(next)
-    }
-}
-
-/// `RemoteOptions` from the Python arguments (defaults for what is `None`).
-pub fn remote_options(
-    storage_options: Option<Vec<(String, String)>>,
-    cache_dir: Option<PathBuf>,
-    cache_bytes: Option<u64>,
-    requests: Option<usize>,
-) -> RemoteOptions {
-    let defaults = RemoteOptions::default();
-    RemoteOptions {
-        storage_options: storage_options.unwrap_or_default(),
-        cache_dir: cache_dir.unwrap_or(defaults.cache_dir),
-        cache_bytes,
-        requests: requests.unwrap_or(defaults.requests),
-    }
-}
-
-/// Where `build` writes the caches it uploads to `url` (never a replica).
-#[pyfunction]
-#[pyo3(signature = (url, cache_dir=None))]
-pub fn staging_root(url: &str, cache_dir: Option<PathBuf>) -> PyResult<PathBuf> {
-    let options = remote_options(None, cache_dir, None, None);
-    Ok(Remote::new(url, options).py()?.staging_root())
-}
-
-/// Upload the cache `name` that `build` staged for `url`, then keep it as
-/// the replica (or remove it).
-#[pyfunction]
-#[pyo3(signature = (url, name, storage_options=None, cache_dir=None))]
-pub fn publish_staged(
-    py: Python<'_>,
-    url: String,
-    name: String,
-    storage_options: Option<Vec<(String, String)>>,
-    cache_dir: Option<PathBuf>,
-) -> PyResult<()> {
-    detach(py, move || {
-        let remote = Remote::new(&url, remote_options(storage_options, cache_dir, None, None))?;
-        remote::block_on(async move { remote.publish_staged(&name).await })?
-    })?
-    .py()
-}
-
-/// Names of the caches published at `url`.
-#[pyfunction]
-#[pyo3(signature = (url, storage_options=None))]
-pub fn remote_caches(
-    py: Python<'_>,
-    url: String,
-    storage_options: Option<Vec<(String, String)>>,
-) -> PyResult<Vec<String>> {
-    detach(py, move || {
-        let remote = Remote::new(&url, remote_options(storage_options, None, None, None))?;
-        remote::block_on(async move { remote.list_caches().await })?
-    })?
-    .py()
-}
-
-/// Upload the published local cache `dir` to `url` as `name`: data first, the
-/// MANIFEST last (created only if absent).
-#[pyfunction]
-#[pyo3(signature = (url, dir, name, storage_options=None))]
-pub fn publish_remote(
-    py: Python<'_>,
-    url: String,
-    dir: PathBuf,
-    name: String,
-    storage_options: Option<Vec<(String, String)>>,
-) -> PyResult<()> {
-    detach(py, move || {
-        let remote = Remote::new(&url, remote_options(storage_options, None, None, None))?;
-        remote::block_on(async move { remote.publish(&dir, &name).await })?
-    })?
-    .py()
 }

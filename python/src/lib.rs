@@ -7,6 +7,8 @@ mod dataset;
 mod draws;
 mod error;
 mod ffi;
+mod loader;
+mod remote;
 mod runtime;
 mod scores;
 mod spec;
@@ -38,7 +40,7 @@ fn is_cache_dir(path: std::path::PathBuf) -> bool {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<dataset::PyDataset>()?;
-    m.add_class::<dataset::PyLoader>()?;
+    m.add_class::<loader::PyLoader>()?;
     m.add_class::<draws::PyDrawPlan>()?;
     m.add_class::<spec::PyLoaderSpec>()?;
     m.add_class::<batch::PyBatch>()?;
@@ -51,9 +53,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_column_name, m)?)?;
     m.add_function(wrap_pyfunction!(is_cache_dir, m)?)?;
     m.add_function(wrap_pyfunction!(spec::_loader_spec, m)?)?;
-    m.add_function(wrap_pyfunction!(dataset::staging_root, m)?)?;
-    m.add_function(wrap_pyfunction!(dataset::publish_staged, m)?)?;
-    m.add_function(wrap_pyfunction!(dataset::remote_caches, m)?)?;
-    m.add_function(wrap_pyfunction!(dataset::publish_remote, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::staging_root, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::publish_staged, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::remote_caches, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::publish_remote, m)?)?;
     Ok(())
 }

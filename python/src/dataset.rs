@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use arrow::array::{RecordBatch, UInt32Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use datasetrt::catalog::Snapshot;
 use datasetrt::load::Loader;
-use datasetrt::query::QuerySession;
+use datasetrt::query::{LiveQuery, QuerySession};
 use datasetrt::sample::Sampling;
 use datasetrt::{Dataset, OpenOptions};
 use pyo3::prelude::*;
@@ -27,18 +27,12 @@ use crate::remote::remote_options;
 use crate::runtime::{detach, runtime, wait};
 use crate::spec::PyLoaderSpec;
 
-/// How often `select` runs its query again on a head another writer moved.
-const SELECT_RETRIES: usize = 3;
-
 #[pyclass(frozen, module = "datasetrt._native", name = "Dataset")]
 pub struct PyDataset {
     inner: Arc<Dataset>,
-    /// The SQL session, made on first use: a DataFusion context is ~0.14 ms
-    /// of work that a loader-only process (a DataLoader worker) never needs.
-    query: OnceLock<Arc<QuerySession>>,
-    /// Serialises population changes (and the session's creation) so the SQL
-    /// table follows the catalog.
-    writes: Mutex<()>,
+    /// The dataset with its SQL session kept on the active snapshot: every
+    /// change of it goes through here.
+    live: Arc<LiveQuery>,
     /// Shards mapped for Python's memoryviews (`Batch.views`), kept across
     /// loaders as the engine keeps its own mappings: a shard's pages fault
     /// in once per process, not once per epoch.
@@ -50,37 +44,6 @@ fn table(snapshot: &Snapshot) -> PyResult<PyTable> {
 }
 
 impl PyDataset {
-    /// The SQL session, bound to the active snapshot.
-    fn session(&self, py: Python<'_>) -> PyResult<Arc<QuerySession>> {
-        if let Some(query) = self.query.get() {
-            return Ok(query.clone());
-        }
-        detach(py, || {
-            let _guard = self.lock_writes();
-            if let Some(query) = self.query.get() {
-                return Ok(query.clone());
-            }
-            let query = QuerySession::new(&self.inner.snapshot(), self.inner.cache_set())?;
-            Ok(self.query.get_or_init(|| Arc::new(query)).clone())
-        })?
-        .py()
-    }
-
-    /// Taken only without the GIL (inside `detach`): a thread holding the GIL
-    /// while it waits here would deadlock with the holder, which needs the
-    /// GIL back to return.
-    fn lock_writes(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.writes.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Point the SQL session, if there is one, at `snapshot`.
-    fn follow(&self, snapshot: &Snapshot) -> datasetrt::Result<()> {
-        match self.query.get() {
-            Some(query) => query.set_snapshot(snapshot),
-            None => Ok(()),
-        }
-    }
-
     fn pinned(&self, snapshot: Option<u64>) -> PyResult<Arc<Snapshot>> {
         match snapshot {
             None => Ok(self.inner.snapshot()),
@@ -88,32 +51,21 @@ impl PyDataset {
         }
     }
 
-    fn publish(
-        &self,
-        py: Python<'_>,
-        schema: arrow::datatypes::SchemaRef,
-        batches: Vec<RecordBatch>,
-        note: String,
-        base: Option<u64>,
-        force: bool,
-    ) -> PyResult<datasetrt::Result<u64>> {
-        detach(py, || {
-            let _guard = self.lock_writes();
-            let snapshot = self.inner.update(&schema, &batches, &note, base, force)?;
-            self.follow(&snapshot)?;
-            Ok(snapshot.number())
-        })
+    /// The SQL session (waits for a change in progress without the GIL: a
+    /// thread holding it while it waited would deadlock with the changer,
+    /// which needs the GIL back to return).
+    fn session(&self, py: Python<'_>) -> PyResult<Arc<QuerySession>> {
+        detach(py, || self.live.session())?.py()
     }
 
-    /// Make the head's snapshot active here too (the SQL table follows).
-    fn refresh_active(&self, py: Python<'_>) -> PyResult<u64> {
-        detach(py, || {
-            let _guard = self.lock_writes();
-            let snapshot = self.inner.refresh()?;
-            self.follow(&snapshot)?;
-            Ok(snapshot.number())
-        })?
-        .py()
+    /// Make `change` (an engine call through `live`) without the GIL; the
+    /// number of the snapshot it made active.
+    fn change(
+        &self,
+        py: Python<'_>,
+        change: impl FnOnce(&LiveQuery) -> datasetrt::Result<Arc<Snapshot>> + Send,
+    ) -> PyResult<u64> {
+        detach(py, || change(&self.live).map(|s| s.number()))?.py()
     }
 }
 
@@ -141,10 +93,10 @@ impl PyDataset {
             )
         })?
         .py()?;
+        let inner = Arc::new(inner);
         Ok(PyDataset {
-            inner: Arc::new(inner),
-            query: OnceLock::new(),
-            writes: Mutex::new(()),
+            live: Arc::new(LiveQuery::new(inner.clone())),
+            inner,
             maps: Arc::default(),
         })
     }
@@ -303,7 +255,9 @@ impl PyDataset {
         nulls: Vec<String>,
     ) -> PyResult<u64> {
         let (schema, batches) = collect(data, &nulls, "Arrow stream")?;
-        self.publish(py, schema, batches, note, base, force)?.py()
+        self.change(py, |live| {
+            live.update(&schema, &batches, &note, base, force)
+        })
     }
 
     /// The snapshot the head record names now (another process may have
@@ -315,18 +269,12 @@ impl PyDataset {
 
     /// Make the head's snapshot active; returns its number.
     fn refresh(&self, py: Python<'_>) -> PyResult<u64> {
-        self.refresh_active(py)
+        self.change(py, LiveQuery::refresh)
     }
 
     /// Make snapshot `number` active in this process only (the head stays).
     fn pin(&self, py: Python<'_>, number: u64) -> PyResult<u64> {
-        detach(py, || {
-            let _guard = self.lock_writes();
-            let snapshot = self.inner.pin(number)?;
-            self.follow(&snapshot)?;
-            Ok(snapshot.number())
-        })?
-        .py()
+        self.change(py, |live| live.pin(number))
     }
 
     /// Register an Arrow table (any `__arrow_c_stream__` object) as `name`
@@ -373,21 +321,9 @@ impl PyDataset {
         note: Option<String>,
         force: bool,
     ) -> PyResult<u64> {
-        let session = self.session(py)?;
         let note = note.unwrap_or_else(|| format!("select: {query}"));
-        let mut attempts = 0;
-        loop {
-            let base = self.inner.snapshot().number();
-            let (session, text) = (session.clone(), query.clone());
-            let (schema, batches) = wait(py, async move { session.sql(&text).await })?.py()?;
-            match self.publish(py, schema, batches, note.clone(), Some(base), force)? {
-                Err(datasetrt::Error::Conflict { .. }) if attempts < SELECT_RETRIES => {
-                    attempts += 1;
-                    self.refresh_active(py)?;
-                }
-                other => return other.py(),
-            }
-        }
+        let live = self.live.clone();
+        wait(py, live.select(query, note, force))?.py()
     }
 
     /// Every problem of every stored file and record, as dicts: kind (the
@@ -459,21 +395,11 @@ impl PyDataset {
     /// Keep the newest `keep` snapshots, the tagged ones and the active one.
     #[pyo3(signature = (keep, dry_run=false))]
     fn cleanup(&self, py: Python<'_>, keep: usize, dry_run: bool) -> PyResult<Vec<u64>> {
-        detach(py, || {
-            let _guard = self.lock_writes();
-            self.inner.cleanup_with(keep, dry_run)
-        })?
-        .py()
+        detach(py, || self.live.cleanup(keep, dry_run))?.py()
     }
 
     fn checkout(&self, py: Python<'_>, number: u64) -> PyResult<u64> {
-        detach(py, || {
-            let _guard = self.lock_writes();
-            let snapshot = self.inner.checkout(number)?; // moves the head
-            self.follow(&snapshot)?;
-            Ok(snapshot.number())
-        })?
-        .py()
+        self.change(py, |live| live.checkout(number)) // moves the head
     }
 
     /// Payload of one stored sample and its row in the active population

@@ -3,6 +3,7 @@
 //! identities into payload bytes.
 
 pub mod exec;
+mod live;
 pub mod payloads;
 mod tables;
 pub mod udf;
@@ -16,6 +17,7 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
 
+pub use self::live::{LiveQuery, SELECT_RETRIES};
 use self::tables::Tables;
 use crate::catalog::Snapshot;
 use crate::store::CacheSet;

@@ -2,7 +2,7 @@
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::Int64Type;
-use datasetrt::query::QuerySession;
+use datasetrt::query::{LiveQuery, QuerySession};
 use datasetrt::store::WriterOptions;
 use datasetrt::{Dataset, OpenOptions};
 
@@ -29,6 +29,60 @@ async fn group_by_over_the_snapshot_and_follow_updates() {
     session.set_snapshot(&snap).unwrap();
     let (_, batches) = session.sql("SELECT count(*) FROM metadata").await.unwrap();
     assert_eq!(column(&batches, 0), vec![6]);
+}
+
+/// A dataset's session follows every change made through `LiveQuery`, and
+/// `select` runs again on a head another writer moved instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_query_follows_commits_and_select_retries_on_a_moved_head() {
+    let dir = tempfile::tempdir().unwrap();
+    write_cache(dir.path(), "q", 30, WriterOptions::default());
+    let open = || Dataset::open(&[dir.path().to_path_buf()], OpenOptions::default()).unwrap();
+    let live = std::sync::Arc::new(LiveQuery::new(std::sync::Arc::new(open())));
+    let count = |live: &LiveQuery| {
+        let session = live.session().unwrap();
+        async move {
+            let (_, b) = session.sql("SELECT count(*) FROM metadata").await.unwrap();
+            column(&b, 0)[0]
+        }
+    };
+    assert_eq!(count(&live).await, 30);
+    let (schema, batches) = live
+        .session()
+        .unwrap()
+        .sql("SELECT * FROM metadata WHERE split = 'val'")
+        .await
+        .unwrap();
+    live.update(&schema, &batches, "val only", None, false)
+        .unwrap();
+    assert_eq!(count(&live).await, 6, "the session follows a commit");
+
+    // another writer moves the head: select runs again on it and commits
+    let other = open();
+    let (schema, batches) = live
+        .session()
+        .unwrap()
+        .sql("SELECT * FROM metadata LIMIT 4")
+        .await
+        .unwrap();
+    let moved = other
+        .update(&schema, &batches, "another writer", None, false)
+        .unwrap();
+    let number = live
+        .clone()
+        .select(
+            "SELECT * FROM metadata LIMIT 2".into(),
+            "select".into(),
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(number, moved.number() + 1);
+    assert_eq!(count(&live).await, 2, "the session follows select");
+    assert_eq!(live.dataset().snapshot().number(), number);
+
+    live.pin(moved.number()).unwrap();
+    assert_eq!(count(&live).await, 4, "the session follows a pin");
 }
 
 fn column(batches: &[RecordBatch], i: usize) -> Vec<i64> {

@@ -1,0 +1,141 @@
+//! A dataset and its SQL session kept in step: every change of the active
+//! snapshot made through [`LiveQuery`] (a commit, `refresh`, `pin`,
+//! `checkout`, `cleanup`) happens under one lock and points the session's
+//! `metadata` at the new snapshot, so a query never reads a population the
+//! dataset has moved past.
+
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+
+use super::QuerySession;
+use crate::catalog::{Dataset, Snapshot};
+use crate::{Error, Result};
+
+/// How often [`LiveQuery::select`] runs its query again on a head another
+/// writer moved, before the conflict is the caller's.
+pub const SELECT_RETRIES: usize = 3;
+
+pub struct LiveQuery {
+    dataset: Arc<Dataset>,
+    /// Made on first use: a DataFusion context is ~0.14 ms of work that a
+    /// loader-only process (a DataLoader worker) never needs.
+    session: OnceLock<Arc<QuerySession>>,
+    /// Serialises changes of the active snapshot (and the session's
+    /// creation), so the session follows the dataset.
+    changes: Mutex<()>,
+}
+
+impl LiveQuery {
+    pub fn new(dataset: Arc<Dataset>) -> LiveQuery {
+        LiveQuery {
+            dataset,
+            session: OnceLock::new(),
+            changes: Mutex::new(()),
+        }
+    }
+
+    pub fn dataset(&self) -> &Arc<Dataset> {
+        &self.dataset
+    }
+
+    /// The SQL session, bound to the active snapshot. May wait for a change
+    /// in progress (callers holding an interpreter lock release it first).
+    pub fn session(&self) -> Result<Arc<QuerySession>> {
+        if let Some(session) = self.session.get() {
+            return Ok(session.clone());
+        }
+        let _guard = self.lock();
+        if let Some(session) = self.session.get() {
+            return Ok(session.clone());
+        }
+        let session = QuerySession::new(&self.dataset.snapshot(), self.dataset.cache_set())?;
+        Ok(self.session.get_or_init(|| Arc::new(session)).clone())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        self.changes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Make `change` (which returns the snapshot now active) under the lock
+    /// and point the session, if there is one, at its result.
+    fn change(
+        &self,
+        change: impl FnOnce(&Dataset) -> Result<Arc<Snapshot>>,
+    ) -> Result<Arc<Snapshot>> {
+        let _guard = self.lock();
+        let snapshot = change(&self.dataset)?;
+        if let Some(session) = self.session.get() {
+            session.set_snapshot(&snapshot)?;
+        }
+        Ok(snapshot)
+    }
+
+    /// Commit `batches` as the new population ([`Dataset::update`]).
+    pub fn update(
+        &self,
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+        note: &str,
+        base: Option<u64>,
+        force: bool,
+    ) -> Result<Arc<Snapshot>> {
+        self.change(|d| d.update(schema, batches, note, base, force))
+    }
+
+    /// Make the head's snapshot active here.
+    pub fn refresh(&self) -> Result<Arc<Snapshot>> {
+        self.change(Dataset::refresh)
+    }
+
+    /// Make snapshot `number` active in this process only.
+    pub fn pin(&self, number: u64) -> Result<Arc<Snapshot>> {
+        self.change(|d| d.pin(number))
+    }
+
+    /// Move the head to snapshot `number` and make it active.
+    pub fn checkout(&self, number: u64) -> Result<Arc<Snapshot>> {
+        self.change(|d| d.checkout(number))
+    }
+
+    /// [`Dataset::cleanup_with`], never while a change is in progress here.
+    pub fn cleanup(&self, keep: usize, dry_run: bool) -> Result<Vec<u64>> {
+        let _guard = self.lock();
+        self.dataset.cleanup_with(keep, dry_run)
+    }
+
+    /// Run `query` against the active snapshot and commit its result as the
+    /// new population (`note` records it). If another writer moved the head
+    /// meanwhile, the query runs again on the new head, up to
+    /// [`SELECT_RETRIES`] times, before the [`Error::Conflict`] is returned.
+    pub async fn select(self: Arc<Self>, query: String, note: String, force: bool) -> Result<u64> {
+        let session = {
+            let this = self.clone();
+            blocking(move || this.session()).await?
+        };
+        let mut attempts = 0;
+        loop {
+            let base = self.dataset.snapshot().number();
+            let (schema, batches) = session.sql(&query).await?;
+            let (this, note) = (self.clone(), note.clone());
+            let committed =
+                blocking(move || this.update(&schema, &batches, &note, Some(base), force)).await;
+            match committed {
+                Err(Error::Conflict { .. }) if attempts < SELECT_RETRIES => {
+                    attempts += 1;
+                    let this = self.clone();
+                    blocking(move || this.refresh()).await?;
+                }
+                other => return other.map(|s| s.number()),
+            }
+        }
+    }
+}
+
+/// Run blocking work (file I/O, a lock) off the async workers.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::internal(format!("a blocking task failed: {e}")))?
+}

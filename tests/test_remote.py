@@ -3,6 +3,7 @@ the same API and the same guarantees as local caches."""
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import subprocess
 import sys
@@ -500,55 +501,75 @@ def test_a_server_that_never_answers_fails_within_the_documented_bound(tmp_path)
     assert int(connections) >= 1
 
 
+class EvictingDataset:
+    """A bucket dataset of `n` records of `size` bytes (record i: byte i % 251
+    repeated), opened through a fresh cache_dir with `cache_bytes` = `share`
+    of the data."""
+
+    def __init__(self, bucket, tmp_path: Path, name: str, n: int, size: int, share: float):
+        url, options, *_ = bucket
+        self.n, self.size = n, size
+        self.records = Source(name, n, payload=lambda i: bytes([i % 251]) * size)
+        drt.build(
+            url,
+            [self.records],
+            storage_options=options,
+            cache_dir=tmp_path / "b",
+            shard_bytes=1 << 20,
+            codec="none",
+            progress=False,
+        )
+        self.budget = int(n * size * share)
+        self.ds = drt.open(
+            url, storage_options=options, cache_dir=tmp_path / "host", cache_bytes=self.budget
+        )
+        self.replica = Path(self.ds.caches[0]["path"])
+
+    def held(self) -> int:
+        """Bytes the replica's shards take on disk now (every process's)."""
+        return sum(p.stat().st_blocks * 512 for p in self.replica.glob("shard-*.drts"))
+
+    @contextlib.contextmanager
+    def peak(self):
+        """Sample held() every 2 ms while the block runs; yields a list whose
+        first item is the peak."""
+        import threading
+
+        peak, done = [0], threading.Event()
+
+        def watch():
+            while not done.is_set():
+                peak[0] = max(peak[0], self.held())
+                time.sleep(0.002)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            yield peak
+        finally:
+            done.set()
+            watcher.join(timeout=10)
+
+
 @pytest.mark.parametrize("workers", [2, 4])
 def test_dataloader_workers_sharing_a_cache_dir_share_one_budget(bucket, tmp_path, workers):
     """The budget is the host's: DataLoader workers reading one bucket dataset
     through one cache_dir hold at most cache_bytes of payload together (plus
     one read-ahead step per process in flight), not cache_bytes each."""
     torch = pytest.importorskip("torch")
-    import threading
 
-    url, options, *_ = bucket
-    n, size = 1200, 16 * 1024
-    records = Source("budget-v1", n, payload=lambda i: bytes([i % 251]) * size)
-    drt.build(
-        url,
-        [records],
-        storage_options=options,
-        cache_dir=tmp_path / "b",
-        shard_bytes=1 << 20,
-        codec="none",
-        progress=False,
-    )
-    budget = n * size // 2
-    ds = drt.open(url, storage_options=options, cache_dir=tmp_path / "host", cache_bytes=budget)
-    replica = Path(ds.caches[0]["path"])
-
-    def held() -> int:
-        return sum(p.stat().st_blocks * 512 for p in replica.glob("shard-*.drts"))
-
-    peak, done = [0], threading.Event()
-
-    def watch():
-        while not done.is_set():
-            peak[0] = max(peak[0], held())
-            time.sleep(0.002)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    e = EvictingDataset(bucket, tmp_path, "budget-v1", 1200, 16 * 1024, 0.5)
+    n, size, budget, ds = e.n, e.size, e.budget, e.ds
     tds = ds.to_torch(batch_size=16, seed=3, sampling="permutation")
     loader = torch.utils.data.DataLoader(
         tds, batch_size=None, num_workers=workers, multiprocessing_context="fork"
     )
     seen = 0
-    try:
+    with e.peak() as peak:
         for batch in loader:
             for sid, data in zip(batch["sample_id"].tolist(), batch["data"], strict=True):
-                assert data == records.payload(sid)
+                assert data == e.records.payload(sid)
                 seen += 1
-    finally:
-        done.set()
-        watcher.join(timeout=10)
     assert seen == n
     # the documented slack: a page per held record at its edges; one step of
     # read-ahead per worker (32 records) may land before its eviction runs;
@@ -569,56 +590,26 @@ def test_get_item_and_sql_reads_count_against_the_budget(bucket, tmp_path):
     and SQL over a replica whose budget holds a quarter of the data evict what
     reads fetched longest ago, and every record still reads back right."""
     import random
-    import threading
 
-    url, options, *_ = bucket
-    n, size = 400, 16 * 1024
-    records = Source("reads-v1", n, payload=lambda i: bytes([i % 251]) * size)
-    drt.build(
-        url,
-        [records],
-        storage_options=options,
-        cache_dir=tmp_path / "b",
-        shard_bytes=1 << 20,
-        codec="none",
-        progress=False,
-    )
-    budget = n * size // 4
-    ds = drt.open(url, storage_options=options, cache_dir=tmp_path / "host", cache_bytes=budget)
+    e = EvictingDataset(bucket, tmp_path, "reads-v1", 400, 16 * 1024, 0.25)
+    n, size, budget, ds = e.n, e.size, e.budget, e.ds
     cid = ds.caches[0]["cache_id"]
-    replica = Path(ds.caches[0]["path"])
-
-    def held() -> int:
-        return sum(p.stat().st_blocks * 512 for p in replica.glob("shard-*.drts"))
-
     # the documented bound: the budget, a page at the edges of each record it
     # holds, the shard headers' pages; plus the record being read
     bound = budget + budget // size * 4096 + (1 << 20) + size
     peak = 0
     for sid in random.Random(5).sample(range(n), n):
-        assert ds.get_item(cid, sid).data == records.payload(sid)
-        peak = max(peak, held())
+        assert ds.get_item(cid, sid).data == e.records.payload(sid)
+        peak = max(peak, e.held())
     assert peak <= bound, (peak, bound)
     assert ds.fetch_stats()["evicted_bytes"] >= n * size // 2
 
-    sql_peak, done = [0], threading.Event()
-
-    def watch():
-        while not done.is_set():
-            sql_peak[0] = max(sql_peak[0], held())
-            time.sleep(0.002)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
+    with e.peak() as sql_peak:
         out = ds.sql(
             "SELECT m.sample_id, p.data FROM metadata m JOIN payloads p USING (cache_id, sample_id)"
         )
-    finally:
-        done.set()
-        watcher.join(timeout=10)
     assert out.height == n
     for sid, data in out.iter_rows():
-        assert data == records.payload(sid)
+        assert data == e.records.payload(sid)
     # SQL reads in parallel partitions: one record in flight per thread more
     assert sql_peak[0] <= bound + 8 * size, (sql_peak[0], bound)

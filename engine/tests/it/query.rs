@@ -46,25 +46,19 @@ async fn a_live_query_follows_commits_and_select_retries_on_a_moved_head() {
             column(&b, 0)[0]
         }
     };
+    let query = |live: &LiveQuery, sql: &'static str| {
+        let session = live.session().unwrap();
+        async move { session.sql(sql).await.unwrap() }
+    };
     assert_eq!(count(&live).await, 30);
-    let (schema, batches) = live
-        .session()
-        .unwrap()
-        .sql("SELECT * FROM metadata WHERE split = 'val'")
-        .await
-        .unwrap();
+    let (schema, batches) = query(&live, "SELECT * FROM metadata WHERE split = 'val'").await;
     live.update(&schema, &batches, "val only", None, false)
         .unwrap();
     assert_eq!(count(&live).await, 6, "the session follows a commit");
 
     // another writer moves the head: select runs again on it and commits
     let other = open();
-    let (schema, batches) = live
-        .session()
-        .unwrap()
-        .sql("SELECT * FROM metadata LIMIT 4")
-        .await
-        .unwrap();
+    let (schema, batches) = query(&live, "SELECT * FROM metadata LIMIT 4").await;
     let moved = other
         .update(&schema, &batches, "another writer", None, false)
         .unwrap();

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -439,3 +440,50 @@ def test_outcome_counts(outcomes):
     for kind in KINDS:
         if kind not in ("alias", "tag"):
             assert by_kind[kind]["detected"] >= len(DAMAGES) // 2, (kind, by_kind[kind])
+
+
+OPEN_CHILD = r"""
+import sys
+import datasetrt as drt
+try:
+    print(len(drt.open(sys.argv[1])))
+except drt.CorruptCacheError as e:
+    print("corrupt", e.path)
+"""
+
+
+def test_column_files_are_checked_once_per_host_and_again_after_any_change(tmp_path):
+    """The first process of a host that opens a snapshot reads its column
+    files to check them and records that in `columns/.verified`; the next
+    processes skip the read. A column file changed after that, even at the
+    same length with its modification time put back, is checked again."""
+
+    def open_in_child() -> str:
+        out = subprocess.run(
+            [sys.executable, "-c", OPEN_CHILD, str(root)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return out.stdout.strip()
+
+    root = tmp_path / "ds"
+    source = Source("once-v1", 50, payload=lambda i: bytes([i]) * 8, meta=lambda i: {"x": i})
+    ds = drt.build(root, [source], progress=False)
+    columns = ds.snapshot_path.parent / "columns"
+    assert open_in_child() == "50"
+    arrows = sorted(columns.glob("*.arrow"))
+    records = sorted(p.name for p in (columns / ".verified").iterdir())
+    assert len(records) == len(arrows), records  # one per column file checked
+    assert open_in_child() == "50"
+    assert sorted(p.name for p in (columns / ".verified").iterdir()) == records
+
+    victim = max(arrows, key=lambda p: p.stat().st_size)
+    before = victim.stat()
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert victim.stat().st_size == before.st_size
+    assert open_in_child() == f"corrupt {victim}"

@@ -490,6 +490,15 @@ impl Dataset {
                 deleted.push(format!("{}/{name}", snapshot::COLUMNS_DIR));
             }
         }
+        // the host's records of verified columns go with their columns
+        if let Ok(records) = std::fs::read_dir(columns.join(snapshot::VERIFIED_DIR)) {
+            for record in records.flatten() {
+                let name = record.file_name().to_string_lossy().into_owned();
+                if !used.contains(name.split('.').next().unwrap_or_default()) {
+                    let _ = std::fs::remove_file(record.path());
+                }
+            }
+        }
         fs::sync_dir(&self.snapshot_dir)?;
         if let Some(m) = &self.mirror {
             m.delete(&deleted)?; // manifests first: no kept snapshot names these columns

@@ -260,8 +260,46 @@ fn mark_verified(file: &Path) {
     }
 }
 
+/// Where the host records that a version of column file `file` passed its
+/// check, so that the other processes of the host (ranks, DataLoader
+/// workers, notebooks) skip reading it: an empty file in `columns/.verified/`
+/// named by the file's name, length, inode, and modification and change
+/// times in nanoseconds. Any change of the file (a write in place, a rename
+/// over it, `touch -d` back) changes its inode or change time, so a changed
+/// file is checked again. Made only after a check that read the file.
+fn host_record(file: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(file).ok()?;
+    let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+    let name = format!(
+        "{}.{}.{}.{}.{}",
+        file.file_name()?.to_str()?,
+        meta.len(),
+        meta.ino(),
+        ns(meta.mtime(), meta.mtime_nsec()),
+        ns(meta.ctime(), meta.ctime_nsec()),
+    );
+    Some(file.parent()?.join(VERIFIED_DIR).join(name))
+}
+
+/// The host's records of verified column files (`host_record`).
+pub const VERIFIED_DIR: &str = ".verified";
+
+/// Record for the host that `file` passed its check. Best effort: a
+/// directory this process cannot write keeps the check per process.
+fn record_for_host(file: &Path) {
+    if let Some(record) = host_record(file) {
+        if let Some(dir) = record.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let _ = std::fs::File::create(&record);
+    }
+}
+
 /// Check a column file against its manifest entry: the mapped length, then
-/// the CRC-32C of the file read (not of the mapping; see `crc32c_file`).
+/// the CRC-32C of the file read (not of the mapping; see `crc32c_file`) —
+/// once per version of the file per process, and not at all when another
+/// process of the host checked this version (`host_record`).
 fn verify_column(file: &Path, mapped_len: usize, entry: &ColumnEntry) -> Result<()> {
     let (Some(crc), Some(len)) = (entry.crc, entry.len) else {
         return Ok(()); // a version-1 manifest: nothing to check against
@@ -281,6 +319,10 @@ fn verify_column(file: &Path, mapped_len: usize, entry: &ColumnEntry) -> Result<
             format!("snapshot column file is {mapped_len} bytes, its manifest says {len}"),
         ));
     }
+    if host_record(file).is_some_and(|r| r.exists()) {
+        mark_verified(file);
+        return Ok(());
+    }
     let (found, read) = crate::store::checksum::crc32c_file(file).map_err(Error::io(file))?;
     if found != crc || read != len {
         return Err(Error::corrupt(
@@ -289,6 +331,7 @@ fn verify_column(file: &Path, mapped_len: usize, entry: &ColumnEntry) -> Result<
         ));
     }
     mark_verified(file);
+    record_for_host(file);
     Ok(())
 }
 

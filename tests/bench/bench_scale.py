@@ -146,10 +146,15 @@ def measure(root: Path, ds: drt.Dataset, base: pl.DataFrame, rows: int, repeat: 
     ds.draws(1, count=1)
     res["alias_build_s"] = time.perf_counter() - t0
 
-    # a fresh reader process (page cache warm: the files were just written)
+    # a fresh reader process (page cache warm: the files were just written):
+    # the host's first checks the column files and records that; the second
+    # and later ones skip the read (columns/.verified)
+    first = reader(root)
+    for key in first:
+        res[f"reader_{key}"] = first[key]
     runs = [reader(root) for _ in range(max(1, repeat // 2))]
     for key in runs[0]:
-        res[f"reader_{key}"] = statistics.median(r[key] for r in runs)
+        res[f"second_reader_{key}"] = statistics.median(r[key] for r in runs)
     return res
 
 
@@ -180,12 +185,13 @@ def main() -> None:
             sys.stdout.flush()
             ds.cleanup(keep=1)
     print(
-        "\n| rows | open | SQL group-by | reweight (written) | alias build "
-        "| reader anon / file pages |\n|---|---|---|---|---|---|"
+        "\n| rows | open, first process / a later one on the host | SQL group-by "
+        "| reweight (written) | alias build | reader anon / file pages |\n|---|---|---|---|---|---|"
     )
     for r in results["sizes"]:
         print(
-            f"| {r['rows']:.0e} | {r['reader_open_s'] * 1e3:.0f} ms "
+            f"| {r['rows']:.0e} | {r['reader_open_s'] * 1e3:.0f} ms / "
+            f"{r['second_reader_open_s'] * 1e3:.0f} ms "
             f"| {r['groupby_s'] * 1e3:.0f} ms "
             f"| {r['reweight_s'] * 1e3:.0f} ms ({r['reweight_written_bytes'] / 2**20:.0f} MiB) "
             f"| {r['alias_build_s'] * 1e3:.0f} ms | {r['reader_anon_read_mib']:.0f} / "

@@ -454,7 +454,8 @@ except drt.CorruptCacheError as e:
 
 def test_column_files_are_checked_once_per_host_and_again_after_any_change(tmp_path):
     """The first process of a host that opens a snapshot reads its column
-    files to check them and records that in `columns/.verified`; the next
+    files to check them and records that in shared memory
+    (`/dev/shm/datasetrt-<uid>/verified`, never in the dataset); the next
     processes skip the read. A column file changed after that, even at the
     same length with its modification time put back, is checked again."""
 
@@ -468,22 +469,29 @@ def test_column_files_are_checked_once_per_host_and_again_after_any_change(tmp_p
         )
         return out.stdout.strip()
 
+    def recorded(column: Path) -> list[str]:
+        st = column.stat()
+        prefix = f"{column.name}.{st.st_dev}.{st.st_ino}.{st.st_size}."
+        return [p.name for p in records.glob(prefix + "*")] if records.is_dir() else []
+
+    records = Path(f"/dev/shm/datasetrt-{os.getuid()}/verified")
+    if not Path("/dev/shm").is_dir():
+        pytest.skip("no /dev/shm on this machine: checks stay per process")
     root = tmp_path / "ds"
     source = Source("once-v1", 50, payload=lambda i: bytes([i]) * 8, meta=lambda i: {"x": i})
     ds = drt.build(root, [source], progress=False)
-    columns = ds.snapshot_path.parent / "columns"
+    columns = sorted((ds.snapshot_path.parent / "columns").glob("*.arrow"))
+    before = list(root.rglob("*"))
     assert open_in_child() == "50"
-    arrows = sorted(columns.glob("*.arrow"))
-    records = sorted(p.name for p in (columns / ".verified").iterdir())
-    assert len(records) == len(arrows), records  # one per column file checked
+    assert all(len(recorded(c)) == 1 for c in columns), [recorded(c) for c in columns]
+    assert list(root.rglob("*")) == before, "checking wrote into the dataset"
     assert open_in_child() == "50"
-    assert sorted(p.name for p in (columns / ".verified").iterdir()) == records
 
-    victim = max(arrows, key=lambda p: p.stat().st_size)
-    before = victim.stat()
+    victim = max(columns, key=lambda p: p.stat().st_size)
+    st = victim.stat()
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
-    os.utime(victim, ns=(before.st_atime_ns, before.st_mtime_ns))
-    assert victim.stat().st_size == before.st_size
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert victim.stat().st_size == st.st_size
     assert open_in_child() == f"corrupt {victim}"

@@ -148,7 +148,7 @@ def measure(root: Path, ds: drt.Dataset, base: pl.DataFrame, rows: int, repeat: 
 
     # a fresh reader process (page cache warm: the files were just written):
     # the host's first checks the column files and records that; the second
-    # and later ones skip the read (columns/.verified)
+    # and later ones skip the read (/dev/shm/datasetrt-<uid>/verified)
     first = reader(root)
     for key in first:
         res[f"reader_{key}"] = first[key]

@@ -491,10 +491,15 @@ impl Dataset {
             }
         }
         // the host's records of verified columns go with their columns
-        if let Ok(records) = std::fs::read_dir(columns.join(snapshot::VERIFIED_DIR)) {
+        let gone: std::collections::HashSet<&str> = deleted
+            .iter()
+            .filter_map(|d| d.strip_prefix(snapshot::COLUMNS_DIR)?.strip_prefix('/'))
+            .filter_map(|name| name.strip_suffix(".arrow"))
+            .collect();
+        if let Some(Ok(records)) = snapshot::verified_dir().map(std::fs::read_dir) {
             for record in records.flatten() {
                 let name = record.file_name().to_string_lossy().into_owned();
-                if !used.contains(name.split('.').next().unwrap_or_default()) {
+                if gone.contains(name.split('.').next().unwrap_or_default()) {
                     let _ = std::fs::remove_file(record.path());
                 }
             }

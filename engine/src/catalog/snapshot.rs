@@ -262,28 +262,44 @@ fn mark_verified(file: &Path) {
 
 /// Where the host records that a version of column file `file` passed its
 /// check, so that the other processes of the host (ranks, DataLoader
-/// workers, notebooks) skip reading it: an empty file in `columns/.verified/`
-/// named by the file's name, length, inode, and modification and change
-/// times in nanoseconds. Any change of the file (a write in place, a rename
-/// over it, `touch -d` back) changes its inode or change time, so a changed
+/// workers, notebooks) skip reading it: an empty file in this user's
+/// directory in shared memory (`/dev/shm/datasetrt-<uid>/verified/`, gone at
+/// reboot; never in the dataset, which may be read-only or shared), named by
+/// the file's name, device, inode, length, and modification and change times
+/// in nanoseconds. Any change of the file (a write in place, a rename over
+/// it, its times put back) changes its inode or change time, so a changed
 /// file is checked again. Made only after a check that read the file.
 fn host_record(file: &Path) -> Option<PathBuf> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(file).ok()?;
     let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
     let name = format!(
-        "{}.{}.{}.{}.{}",
+        "{}.{}.{}.{}.{}.{}",
         file.file_name()?.to_str()?,
-        meta.len(),
+        meta.dev(),
         meta.ino(),
+        meta.len(),
         ns(meta.mtime(), meta.mtime_nsec()),
         ns(meta.ctime(), meta.ctime_nsec()),
     );
-    Some(file.parent()?.join(VERIFIED_DIR).join(name))
+    Some(verified_dir()?.join(name))
 }
 
-/// The host's records of verified column files (`host_record`).
-pub const VERIFIED_DIR: &str = ".verified";
+/// The host's records of verified column files (`host_record`), if there
+/// is shared memory to keep them in.
+pub fn verified_dir() -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let shm = Path::new("/dev/shm");
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let mine = shm.join(format!("datasetrt-{uid}"));
+    match std::fs::symlink_metadata(&mine) {
+        // another user's directory under this name vouches for nothing
+        Ok(meta) if !meta.is_dir() || meta.uid() != uid => None,
+        Ok(_) => Some(mine.join("verified")),
+        Err(_) => shm.is_dir().then(|| mine.join("verified")),
+    }
+}
 
 /// Record for the host that `file` passed its check. Best effort: a
 /// directory this process cannot write keeps the check per process.

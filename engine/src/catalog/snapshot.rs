@@ -301,15 +301,13 @@ pub fn verified_dir() -> Option<PathBuf> {
     }
 }
 
-/// Record for the host that `file` passed its check. Best effort: a
+/// Make the host's `record` that a file passed its check. Best effort: a
 /// directory this process cannot write keeps the check per process.
-fn record_for_host(file: &Path) {
-    if let Some(record) = host_record(file) {
-        if let Some(dir) = record.parent() {
-            let _ = std::fs::create_dir_all(dir);
-        }
-        let _ = std::fs::File::create(&record);
+fn record_for_host(record: &Path) {
+    if let Some(dir) = record.parent() {
+        let _ = std::fs::create_dir_all(dir);
     }
+    let _ = std::fs::File::create(record);
 }
 
 /// Check a column file against its manifest entry: the mapped length, then
@@ -335,7 +333,10 @@ fn verify_column(file: &Path, mapped_len: usize, entry: &ColumnEntry) -> Result<
             format!("snapshot column file is {mapped_len} bytes, its manifest says {len}"),
         ));
     }
-    if host_record(file).is_some_and(|r| r.exists()) {
+    // the record names the version about to be read: one changed meanwhile
+    // gets no record
+    let record = host_record(file);
+    if record.as_deref().is_some_and(Path::exists) {
         mark_verified(file);
         return Ok(());
     }
@@ -347,7 +348,9 @@ fn verify_column(file: &Path, mapped_len: usize, entry: &ColumnEntry) -> Result<
         ));
     }
     mark_verified(file);
-    record_for_host(file);
+    if let Some(record) = &record {
+        record_for_host(record);
+    }
     Ok(())
 }
 

@@ -42,10 +42,22 @@ impl Counters {
         counters
     }
 
-    /// Make sure this process counts into its own file.
+    /// The words this process counts into: its own file's, made on first
+    /// use in a process (a forked child's first count makes its own).
     fn own(&self) -> &[AtomicU64; COUNTERS] {
         let pid = std::process::id();
-        let mut maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+        if self.pid.load(Ordering::Acquire) != pid {
+            let maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+            self.remap(pid, maps);
+        }
+        // SAFETY: `now` points at the start of a live mapping of at least
+        // FILE_BYTES, page aligned (so aligned for u64), kept in `maps` for
+        // as long as `self` lives; the words are only accessed atomically.
+        unsafe { &*(self.now.load(Ordering::Acquire) as *const [AtomicU64; COUNTERS]) }
+    }
+
+    /// Map a file of this process's own (under the `maps` lock).
+    fn remap(&self, pid: u32, mut maps: std::sync::MutexGuard<'_, Vec<MmapMut>>) {
         if self.pid.load(Ordering::Acquire) != pid {
             let mut map = self.file_map().unwrap_or_else(|| {
                 // no shared file (a read-only directory): count in memory
@@ -55,10 +67,6 @@ impl Counters {
             maps.push(map);
             self.pid.store(pid, Ordering::Release);
         }
-        // SAFETY: `now` points at the start of a live mapping of at least
-        // FILE_BYTES, page aligned (so aligned for u64), kept in `maps` for
-        // as long as `self` lives; the words are only accessed atomically.
-        unsafe { &*(self.now.load(Ordering::Acquire) as *const [AtomicU64; COUNTERS]) }
     }
 
     fn file_map(&self) -> Option<MmapMut> {
@@ -80,14 +88,7 @@ impl Counters {
     }
 
     pub fn add(&self, counter: usize, n: u64) {
-        if self.pid.load(Ordering::Acquire) == std::process::id() {
-            // SAFETY: as in `own`.
-            let words =
-                unsafe { &*(self.now.load(Ordering::Acquire) as *const [AtomicU64; COUNTERS]) };
-            words[counter].fetch_add(n, Ordering::Relaxed);
-        } else {
-            self.own()[counter].fetch_add(n, Ordering::Relaxed);
-        }
+        self.own()[counter].fetch_add(n, Ordering::Relaxed);
     }
 
     /// This process's counts.

@@ -86,6 +86,9 @@ pub struct Replica {
     /// The budget holds the whole dataset: fetched in whole chunks, never
     /// evicted, read in place.
     whole: bool,
+    /// Disk the replica may take (`Remote::disk_limit`); `None` when it is
+    /// whole or has no budget.
+    disk_limit: Option<u64>,
     /// Records reads fetched themselves (`get_item`, SQL, a read the
     /// read-ahead had not reached), oldest first: what goes first when such a
     /// read would take the replica past the budget.
@@ -142,6 +145,9 @@ impl Replica {
             })
             .collect();
         let counts = Counters::new(&remote.replica_root_for(whole).join("counts").join(name));
+        let total: u64 = spans.iter().map(|s| s.2 - s.1).sum();
+        let mean = (total / (spans.len() as u64).max(1)).max(1);
+        let disk_limit = if whole { None } else { remote.disk_limit(mean) };
         Ok(Replica {
             state: spans.iter().map(|_| AtomicU8::new(ABSENT)).collect(),
             spans,
@@ -152,6 +158,7 @@ impl Replica {
             landed: (Mutex::new(()), Condvar::new()),
             owner: AtomicU32::new(std::process::id()),
             whole,
+            disk_limit,
             read_fetched: Mutex::new(std::collections::VecDeque::new()),
             counts,
         })
@@ -517,11 +524,7 @@ impl Replica {
     /// fetched by a read is needed by no loader's plan, so it goes first
     /// there too).
     fn within_budget(&self, sample: u64) {
-        if self.whole {
-            return;
-        }
-        let mean = (self.total_bytes() / self.records().max(1)).max(1);
-        let Some(limit) = self.remote.disk_limit(mean) else {
+        let Some(limit) = self.disk_limit else {
             return;
         };
         let mut fetched = self.read_fetched.lock().unwrap_or_else(|p| p.into_inner());

@@ -58,6 +58,7 @@ KINDS = [
     "column-sample_id",
     "column-label",
     "column-weight",
+    "column-chunks",
     "tag",
     "alias",
     "cache-MANIFEST",
@@ -171,6 +172,9 @@ def build_template(root: Path) -> Template:
         "tagged-snapshot-manifest": snapdir / "00000001.snapshot",
         "HEAD": snapdir / "HEAD",
         **{f"column-{c}": snapdir / "columns" / f"{h}.arrow" for c, h in hashes.items()},
+        # a column's chunk table: damaged, it is not trusted (the column is
+        # then checked whole), so it costs time, never a wrong byte
+        "column-chunks": snapdir / "columns" / f"{hashes['sample_id']}.arrow.chunks",
         "tag": snapdir / "tags" / TAG,
         "alias": snapdir / "columns" / f"{hashes['weight']}.alias",
         "cache-MANIFEST": cache / "MANIFEST",
@@ -436,9 +440,10 @@ def test_outcome_counts(outcomes):
         if verdict not in ("detected", "correct") and case_id not in known
     }
     assert not bad, bad
-    # the damage is seen: every file but the derived alias table is checked
+    # the damage is seen: every file but the derived alias table and chunk
+    # tables (each rebuilt or replaced by a whole check) is checked
     for kind in KINDS:
-        if kind not in ("alias", "tag"):
+        if kind not in ("alias", "tag", "column-chunks"):
             assert by_kind[kind]["detected"] >= len(DAMAGES) // 2, (kind, by_kind[kind])
 
 
@@ -453,11 +458,12 @@ except drt.CorruptCacheError as e:
 
 
 def test_column_files_are_checked_once_per_host_and_again_after_any_change(tmp_path):
-    """The first process of a host that opens a snapshot reads its column
-    files to check them and records that in shared memory
-    (`/dev/shm/datasetrt-<uid>/verified`, never in the dataset); the next
-    processes skip the read. A column file changed after that, even at the
-    same length with its modification time put back, is checked again."""
+    """The first process of a host that reads a chunk of a snapshot's column
+    file checks it and records that in shared memory
+    (`/dev/shm/datasetrt-<uid>/verified`, a bitmap of checked chunks per
+    version of the file, never in the dataset); the next processes skip the
+    read. A column file changed after that, even at the same length with its
+    modification time put back, is checked again."""
 
     def open_in_child() -> str:
         out = subprocess.run(
@@ -471,8 +477,8 @@ def test_column_files_are_checked_once_per_host_and_again_after_any_change(tmp_p
 
     def recorded(column: Path) -> list[str]:
         st = column.stat()
-        prefix = f"{column.name}.{st.st_dev}.{st.st_ino}.{st.st_size}."
-        return [p.name for p in records.glob(prefix + "*")] if records.is_dir() else []
+        pattern = f"{column.name}.{st.st_dev}.{st.st_ino}-*.{st.st_size}.*"
+        return [p.name for p in records.glob(pattern)] if records.is_dir() else []
 
     records = Path(f"/dev/shm/datasetrt-{os.getuid()}/verified")
     if not Path("/dev/shm").is_dir():
@@ -495,3 +501,76 @@ def test_column_files_are_checked_once_per_host_and_again_after_any_change(tmp_p
     os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert victim.stat().st_size == st.st_size
     assert open_in_child() == f"corrupt {victim}"
+
+
+LAZY_CHILD = r"""
+import json, sys
+import datasetrt as drt
+
+ds = drt.open(sys.argv[1])
+out = {"rows": len(ds)}
+
+
+def attempt(name, fn):
+    try:
+        out[name] = fn()
+    except drt.CorruptCacheError as e:
+        out[name] = {"corrupt": str(e.path), "message": str(e)}
+
+
+def pairs(sampling, epoch_len=None):
+    loader = ds.loader(64, seed=1, sampling=sampling, epoch_len=epoch_len)
+    return [[r, s] for b in loader for r, s in zip(b.rows, b.sample_id)]
+
+
+attempt("replacement", lambda: pairs("replacement", 3000))
+attempt("get_metadata", lambda: ds.get_metadata().height)
+attempt("permutation", lambda: len(pairs("permutation")))
+print(json.dumps(out))
+"""
+
+
+def test_a_damaged_chunk_fails_only_the_reads_that_need_it(tmp_path):
+    """A snapshot column file is checked 64 KiB at a time as it is read:
+    opening a snapshot and loading draws that never land in a damaged part
+    of it works and gives the right samples; reading the column whole
+    (get_metadata, SQL) or drawing a row in the damaged part raises a
+    CorruptCacheError naming the file and the chunk."""
+    root = tmp_path / "ds"
+    source = Source("lazy-v1", 1000, payload=lambda i: i.to_bytes(4, "little"))
+    ds = drt.build(root, [source], progress=False)
+    rows, drawn = 40_000, 10_000
+    frame = pl.concat([ds.get_metadata()] * (rows // 1000)).with_columns(
+        pl.when(pl.int_range(pl.len()) < drawn).then(1.0).otherwise(0.0).alias("weight")
+    )
+    ds.update_metadata(frame)
+    name = {
+        line.split()[-1]: line.split()[0].removeprefix("column=")
+        for line in ds.snapshot_path.read_text().splitlines()
+        if line.startswith("column=")
+    }
+    victim = ds.snapshot_path.parent / "columns" / f"{name['sample_id']}.arrow"
+    assert (victim.parent / f"{victim.name}.chunks").is_file(), "no chunk table"
+    chunk = 64 << 10
+    assert victim.stat().st_size > 4 * chunk, "the column should span five chunks"
+    data = bytearray(victim.read_bytes())
+    data[3 * chunk + 100] ^= 0x01  # in chunk 3: rows near 24,500, never drawn
+    victim.write_bytes(bytes(data))
+
+    out = subprocess.run(
+        [sys.executable, "-c", LAZY_CHILD, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    result = json.loads(out.stdout)
+    assert result["rows"] == rows
+    sample_ids = frame["sample_id"].to_list()
+    drawn_pairs = result["replacement"]
+    assert isinstance(drawn_pairs, list), drawn_pairs
+    assert len(drawn_pairs) == 3000
+    assert all(r < drawn and s == sample_ids[r] for r, s in drawn_pairs)
+    for whole in ("get_metadata", "permutation"):
+        assert result[whole]["corrupt"] == str(victim), result[whole]
+        assert "chunk 3 " in result[whole]["message"], result[whole]

@@ -23,7 +23,7 @@ from ._state import (
     distributed_defaults,
 )
 from .exceptions import CacheNotFoundError, InvalidInputError
-from .loader import Loader, Sample
+from .loader import Loader, Sample, _Frame
 
 PathLike = str | os.PathLike[str]
 
@@ -170,6 +170,12 @@ class Dataset:
         if self._frame is None or self._frame[0] != version:
             self._frame = (version, pl.DataFrame(self._native.get_metadata()))
         return self._frame[1]
+
+    def _metadata_of(self, version: int) -> pl.DataFrame:
+        """Snapshot ``version``'s population (the active one's is kept)."""
+        if version == self.version:
+            return self.get_metadata()
+        return pl.DataFrame(self._native.get_metadata(version))
 
     def update_metadata(self, data: Any, *, base: int | None = None, force: bool = False) -> int:
         """Make ``data`` the population and return the new snapshot number.
@@ -432,8 +438,9 @@ class Dataset:
         """Read one stored sample (checksum verified)."""
         cache_id = check_int(cache_id, "cache_id", -(1 << 63), (1 << 63) - 1)
         sample_id = check_int(sample_id, "sample_id", -(1 << 63), (1 << 63) - 1)
+        version = self.version
         data, row = self._native.get_item(cache_id, sample_id)
-        return Sample(data, cache_id, sample_id, row, self.get_metadata())
+        return Sample(data, cache_id, sample_id, row, _Frame(lambda: self._metadata_of(version)))
 
     def loader(
         self,

@@ -19,6 +19,27 @@ if TYPE_CHECKING:
     from .dataset import Dataset
 
 
+class _Frame:
+    """A population's metadata frame, read on first use: a loader whose
+    batches never ask for ``metadata`` never reads the metadata columns (nor
+    checks them: the engine checks a snapshot's files as they are read)."""
+
+    __slots__ = ("_frame", "_read")
+
+    def __init__(self, read: Any = None, frame: pl.DataFrame | None = None):
+        self._read = read
+        self._frame = frame
+
+    def __call__(self) -> pl.DataFrame:
+        if self._frame is None:
+            self._frame = self._read()
+            self._read = None
+        return self._frame
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _Frame, (None, self())
+
+
 class Sample(HtmlRepr):
     """One sample: its payload ``data`` (bytes), identity and metadata.
 
@@ -35,7 +56,7 @@ class Sample(HtmlRepr):
         cache_id: int,
         sample_id: int,
         row: int | None,
-        frame: pl.DataFrame | None,
+        frame: _Frame | None,
     ):
         self.data = data
         self.cache_id = cache_id
@@ -47,7 +68,7 @@ class Sample(HtmlRepr):
     @property
     def metadata(self) -> dict[str, Any] | None:
         if self._metadata is None and self._row is not None and self._frame is not None:
-            self._metadata = self._frame.row(self._row, named=True)
+            self._metadata = self._frame().row(self._row, named=True)
         return self._metadata
 
     def __repr__(self) -> str:
@@ -133,7 +154,7 @@ class Batch(HtmlRepr):
         "_sample_id",
     )
 
-    def __init__(self, native: Any, frame: pl.DataFrame):
+    def __init__(self, native: Any, frame: _Frame):
         self._native: _native.Batch = native
         self._frame = frame
         self._metadata: pl.DataFrame | None = None
@@ -201,7 +222,7 @@ class Batch(HtmlRepr):
     @property
     def metadata(self) -> pl.DataFrame:
         if self._metadata is None:
-            self._metadata = self._frame[self.rows]
+            self._metadata = self._frame()[self.rows]
         return self._metadata
 
     def __iter__(self) -> Iterator[Sample]:
@@ -226,10 +247,8 @@ class Loader(HtmlRepr):
         self._native = dataset._native.start(spec)
         self.spec = spec
         self.version = self.plan.version
-        if self.version == dataset.version:
-            self._frame = dataset.get_metadata()
-        else:
-            self._frame = pl.DataFrame(dataset._native.get_metadata(self.version))
+        version = self.version
+        self._frame = _Frame(lambda: dataset._metadata_of(version))
 
     @property
     def plan(self) -> _native.DrawPlan:

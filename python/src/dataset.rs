@@ -40,7 +40,7 @@ pub struct PyDataset {
 }
 
 fn table(snapshot: &Snapshot) -> PyResult<PyTable> {
-    PyTable::try_new(vec![snapshot.batch().clone()], snapshot.schema())
+    PyTable::try_new(vec![snapshot.batch().py()?.clone()], snapshot.schema())
 }
 
 impl PyDataset {
@@ -176,11 +176,11 @@ impl PyDataset {
         let snapshot = self.pinned(version)?;
         let sampling = Sampling::parse(sampling).py()?;
         let rows = detach(py, move || -> datasetrt::Result<Vec<u32>> {
-            let len = snapshot.epoch_len(sampling, epoch_len);
+            let len = snapshot.epoch_len(sampling, epoch_len)?;
             let sampler = snapshot.sampler(sampling, seed, epoch, len)?;
-            Ok((start..start + count as u64)
+            (start..start + count as u64)
                 .map(|k| sampler.row(k))
-                .collect())
+                .collect()
         })?
         .py()?;
         let schema = Arc::new(Schema::new(vec![Field::new(
@@ -416,7 +416,7 @@ impl PyDataset {
             let pos = inner.cache_position(cache_id)?;
             let row = inner
                 .snapshot()
-                .row_of(inner.caches(), pos, sample_id as u64);
+                .row_of(inner.caches(), pos, sample_id as u64)?;
             Ok((out, row))
         })?
         .py()?;

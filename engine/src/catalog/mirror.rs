@@ -172,6 +172,9 @@ impl Mirror {
                         if let Some(e) = snapshot::verify_files(&dir, number).into_iter().next() {
                             return Err(e);
                         }
+                        // chunk tables are made here, not fetched: readers
+                        // then check the columns chunk by chunk
+                        snapshot::ensure_sidecars(&dir, number)?;
                     }
                     if let Some(parent) = local.parent() {
                         std::fs::create_dir_all(parent).map_err(Error::io(parent))?;

@@ -12,12 +12,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use arrow::array::{Array, ArrayData, ArrayRef, AsArray, Float64Array, Int64Array, RecordBatch};
+use arrow::array::{Array, ArrayData, ArrayRef, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef};
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::sample::{AliasTable, DrawPlan, EpochSampler, Sampling};
 use crate::store::checksum::{crc32c, open_sealed_text, seal_text};
+use crate::store::chunks::{self, ChunkCheck, ChunkTable};
 use crate::store::{fs, ipc, CacheSet};
 use crate::{Error, Result};
 
@@ -31,7 +32,15 @@ pub const COLUMNS_DIR: &str = "columns";
 pub struct Snapshot {
     number: u64,
     path: PathBuf,
-    batch: RecordBatch,
+    schema: SchemaRef,
+    rows: usize,
+    columns: Vec<Column>,
+    /// Positions in `columns` of `cache_id`, `sample_id` and `weight`.
+    cache_col: usize,
+    sample_col: usize,
+    weight_col: usize,
+    /// Every column, each checked in full (built on first use).
+    batch: OnceLock<RecordBatch>,
     fingerprint: String,
     note: String,
     created_unix_ms: u64,
@@ -44,6 +53,148 @@ pub struct Snapshot {
     samplers: Mutex<Vec<(SamplerKey, EpochSampler)>>,
     /// Content hash of the weight column (names the shared alias table file).
     weight_hash: String,
+}
+
+/// One mapped column file of a snapshot and how its bytes are checked.
+#[derive(Debug)]
+struct Column {
+    file: PathBuf,
+    /// The whole file, mapped.
+    buffer: arrow::buffer::Buffer,
+    /// `None`: the file was checked whole when the snapshot was opened (it
+    /// has no chunk table: written before chunked checksums, or its sidecar
+    /// was lost). Otherwise each chunk is checked before it is first read.
+    chunks: Option<ChunkCheck>,
+    /// The decoded array: at open for the columns the loader reads
+    /// (identities, weights), on first use for the others.
+    array: OnceLock<ArrayRef>,
+    /// Where a fixed-width array's values start in the file (`None`: the
+    /// decoder copied them out of the mapping).
+    values_at: OnceLock<Option<usize>>,
+}
+
+/// Threads that check a column file's chunks when it is read whole.
+fn check_threads() -> usize {
+    crate::threads().min(4)
+}
+
+impl Column {
+    /// The array, its every chunk checked.
+    fn whole(&self) -> Result<&ArrayRef> {
+        if let Some(chunks) = &self.chunks {
+            chunks.check_all(check_threads())?;
+        }
+        self.decode()
+    }
+
+    /// The array, decoded on first use (only its metadata is read).
+    fn decode(&self) -> Result<&ArrayRef> {
+        if let Some(array) = self.array.get() {
+            return Ok(array);
+        }
+        let array = decode_column(&self.file, self.buffer.clone())?;
+        Ok(self.array.get_or_init(|| array))
+    }
+
+    /// The decoded array, for reads that check what they read ([`Self::check`]).
+    fn decoded(&self) -> &ArrayRef {
+        self.array.get().expect("decoded on open")
+    }
+
+    /// Check the bytes of values `rows` of this fixed-width column (`width`
+    /// bytes each) before they are read.
+    #[inline]
+    fn check(&self, rows: std::ops::Range<usize>, width: usize) -> Result<()> {
+        let Some(chunks) = &self.chunks else {
+            return Ok(());
+        };
+        let at = *self.values_at.get_or_init(|| {
+            let values = self.decoded().to_data().buffers()[0].as_ptr() as usize;
+            let base = self.buffer.as_ptr() as usize;
+            (base..base + self.buffer.len())
+                .contains(&values)
+                .then(|| values - base)
+        });
+        match at {
+            Some(start) => chunks.check(start + rows.start * width..start + rows.end * width),
+            None => chunks.check_all(check_threads()),
+        }
+    }
+}
+
+/// The one array of a column file's bytes.
+fn decode_column(file: &Path, buffer: arrow::buffer::Buffer) -> Result<ArrayRef> {
+    one_column(file, ipc::decode_verified(file, buffer)?.1)
+}
+
+fn one_column(file: &Path, batches: Vec<RecordBatch>) -> Result<ArrayRef> {
+    match batches.as_slice() {
+        [one] if one.num_columns() == 1 => Ok(one.column(0).clone()),
+        _ => Err(Error::corrupt(file, "expected one batch with one column")),
+    }
+}
+
+/// Map the column file of manifest `entry` in `dir`: its field (named as
+/// the manifest names it) and the column.
+fn open_column(dir: &Path, entry: &ColumnEntry) -> Result<(Field, Column)> {
+    let file = dir.join(COLUMNS_DIR).join(format!("{}.arrow", entry.hash));
+    let buffer = fs::map_buffer(&file, "snapshot column")?;
+    let table = match (entry.crc, entry.len) {
+        (Some(crc), Some(len)) if buffer.len() as u64 == len => {
+            ChunkTable::read_sidecar(&file, len, crc)
+        }
+        _ => None,
+    };
+    let (schema, column) = match table {
+        Some(table) => {
+            let check = ChunkCheck::new(
+                &file,
+                buffer.clone(),
+                0,
+                table.crcs,
+                chunks::host_key(&file),
+            )?;
+            let schema = ipc::checked_metadata(&file, &buffer, &|bytes| check.check(bytes))?;
+            let column = Column {
+                file,
+                buffer,
+                chunks: Some(check),
+                array: OnceLock::new(),
+                values_at: OnceLock::new(),
+            };
+            (schema, column)
+        }
+        None => {
+            verify_column(&file, buffer.len(), entry)?;
+            let (schema, batches) = match entry.crc {
+                Some(_) => ipc::decode_verified(&file, buffer.clone())?,
+                None => ipc::decode(&file, buffer.clone())?, // a version-1 manifest: no checksum
+            };
+            let column = Column {
+                array: OnceLock::from(one_column(&file, batches)?),
+                file,
+                buffer,
+                chunks: None,
+                values_at: OnceLock::new(),
+            };
+            (schema, column)
+        }
+    };
+    let field = match schema.fields().len() {
+        1 => schema.field(0),
+        _ => {
+            return Err(Error::corrupt(
+                &column.file,
+                "expected one batch with one column",
+            ))
+        }
+    };
+    let field = Field::new(
+        entry.name.as_str(),
+        field.data_type().clone(),
+        field.is_nullable(),
+    );
+    Ok((field, column))
 }
 
 pub const NO_ROW: u32 = u32::MAX;
@@ -138,6 +289,15 @@ fn store_columns(
                 let schema = Arc::new(Schema::new(vec![column_field(field)]));
                 let one = RecordBatch::try_new(schema.clone(), vec![array.clone()])?;
                 let written = ipc::write_temp(&path, &schema, &[one])?;
+                let chunks = ChunkTable {
+                    file_len: written.len,
+                    file_crc: written.crc,
+                    crcs: written.chunks,
+                };
+                // the sidecar first: a column file on disk always has one
+                // unless a crash came between them (then it is made below
+                // by the next writer, and readers check the file whole)
+                chunks.write_sidecar(&path)?;
                 if fs::publish_no_replace(&written.path, &path)? {
                     // its checksum was taken as it was written: no second read
                     mark_verified(&path);
@@ -147,9 +307,40 @@ fn store_columns(
                 }
             }
         };
+        ensure_sidecar(&path, len, crc)?;
         stored.push((hash, crc, len));
     }
     Ok(stored)
+}
+
+/// Give column file `path` (of `len` bytes, CRC-32C `crc`, as its manifest
+/// says) its chunk table, unless it has it: a column stored before chunked
+/// checksums, fetched from a bucket, or whose sidecar was lost. Reads the
+/// file once.
+fn ensure_sidecar(path: &Path, len: u64, crc: u32) -> Result<()> {
+    if ChunkTable::read_sidecar(path, len, crc).is_some() {
+        return Ok(());
+    }
+    let table = ChunkTable::of_file(path).map_err(Error::io(path))?;
+    if (table.file_len, table.file_crc) != (len, crc) {
+        return Err(Error::corrupt(
+            path,
+            format!("snapshot column file does not match its manifest (crc32c {:08x} over {} bytes, manifest says {crc:08x} over {len})", table.file_crc, table.file_len),
+        ));
+    }
+    table.write_sidecar(path)
+}
+
+/// Give every column file of snapshot `number` in `dir` its chunk table
+/// (see `ensure_sidecar`), so that readers check it chunk by chunk.
+pub fn ensure_sidecars(dir: &Path, number: u64) -> Result<()> {
+    for entry in read_manifest(dir, number)?.columns {
+        if let (Some(crc), Some(len)) = (entry.crc, entry.len) {
+            let file = dir.join(COLUMNS_DIR).join(format!("{}.arrow", entry.hash));
+            ensure_sidecar(&file, len, crc)?;
+        }
+    }
+    Ok(())
 }
 
 fn fingerprint(rows: usize, names: &[String], hashes: &[String]) -> String {
@@ -261,44 +452,19 @@ fn mark_verified(file: &Path) {
 }
 
 /// Where the host records that a version of column file `file` passed its
-/// check, so that the other processes of the host (ranks, DataLoader
-/// workers, notebooks) skip reading it: an empty file in this user's
-/// directory in shared memory (`/dev/shm/datasetrt-<uid>/verified/`, gone at
-/// reboot; never in the dataset, which may be read-only or shared), named by
-/// the file's name, device, inode, length, and modification and change times
-/// in nanoseconds. Any change of the file (a write in place, a rename over
-/// it, its times put back) changes its inode or change time, so a changed
-/// file is checked again. Made only after a check that read the file.
+/// whole check, so that the other processes of the host (ranks, DataLoader
+/// workers, notebooks) skip reading it: an empty file named by
+/// [`chunks::host_key`] (files with a chunk table keep a bitmap of checked
+/// chunks there instead, see [`ChunkCheck`]). Made only after a check that
+/// read the file.
 fn host_record(file: &Path) -> Option<PathBuf> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(file).ok()?;
-    let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
-    let name = format!(
-        "{}.{}.{}.{}.{}.{}",
-        file.file_name()?.to_str()?,
-        meta.dev(),
-        meta.ino(),
-        meta.len(),
-        ns(meta.mtime(), meta.mtime_nsec()),
-        ns(meta.ctime(), meta.ctime_nsec()),
-    );
-    Some(verified_dir()?.join(name))
+    chunks::host_key(file)
 }
 
-/// The host's records of verified column files (`host_record`), if there
-/// is shared memory to keep them in.
+/// The host's records of verified column files, if there is shared memory
+/// to keep them in.
 pub fn verified_dir() -> Option<PathBuf> {
-    use std::os::unix::fs::MetadataExt;
-    let shm = Path::new("/dev/shm");
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
-    let mine = shm.join(format!("datasetrt-{uid}"));
-    match std::fs::symlink_metadata(&mine) {
-        // another user's directory under this name vouches for nothing
-        Ok(meta) if !meta.is_dir() || meta.uid() != uid => None,
-        Ok(_) => Some(mine.join("verified")),
-        Err(_) => shm.is_dir().then(|| mine.join("verified")),
-    }
+    chunks::verified_dir()
 }
 
 /// Make the host's `record` that a file passed its check. Best effort: a
@@ -554,65 +720,60 @@ impl Snapshot {
         (stem.len() == 8 && stem.bytes().all(|b| b.is_ascii_digit())).then(|| stem.parse().ok())?
     }
 
-    /// Read snapshot `number` from `dir`: check its manifest, verify and map
-    /// its columns.
+    /// Read snapshot `number` from `dir`: check its manifest and map its
+    /// columns. A column file with a chunk table (its sidecar, see
+    /// `store::chunks`) is checked chunk by chunk as it is read, so opening
+    /// it checks only the bytes that locate its array; one without is
+    /// checked whole here (once per host). The columns the loader reads
+    /// (identities, weights) are decoded here, the others on first use.
     pub fn open(dir: &Path, number: u64) -> Result<Snapshot> {
         let path = dir.join(Self::file_name(number));
         let manifest = read_manifest(dir, number)?;
         let bad = |detail: String| Error::corrupt(&path, detail);
         let mut fields = Vec::new();
         let mut columns = Vec::new();
-        let mut weight_hash = String::new();
         for entry in &manifest.columns {
-            let file = dir.join(COLUMNS_DIR).join(format!("{}.arrow", entry.hash));
-            let buffer = fs::map_buffer(&file, "snapshot column")?;
-            verify_column(&file, buffer.len(), entry)?;
-            let (schema, batches) = match entry.crc {
-                Some(_) => ipc::decode_verified(&file, buffer)?,
-                None => ipc::decode(&file, buffer)?, // a version-1 manifest: no checksum
-            };
-            let array = match batches.as_slice() {
-                [one] if one.num_columns() == 1 => one.column(0).clone(),
-                _ => return Err(Error::corrupt(&file, "expected one batch with one column")),
-            };
-            let field = schema.field(0);
-            if entry.name == "weight" {
-                weight_hash = entry.hash.clone();
-            }
-            fields.push(Field::new(
-                entry.name.as_str(),
-                field.data_type().clone(),
-                field.is_nullable(),
-            ));
-            columns.push(array);
+            let (field, column) = open_column(dir, entry)?;
+            fields.push(field);
+            columns.push(column);
         }
-        let rows = manifest.rows;
-        if columns.iter().any(|c| c.len() != rows) {
-            return Err(bad(format!("a column's length differs from rows={rows}")));
-        }
-        let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
-            .map_err(|e| bad(e.to_string()))?;
-        for (name, ty) in [
-            ("cache_id", DataType::Int64),
-            ("sample_id", DataType::Int64),
-            ("weight", DataType::Float64),
-        ] {
-            match batch.column_by_name(name) {
-                Some(col) if *col.data_type() == ty && col.null_count() == 0 => {}
-                _ => {
-                    return Err(bad(format!(
-                        "snapshot lacks a non-null {ty} column {name:?}"
+        let position = |name: &str, ty: DataType| -> Result<usize> {
+            let at = manifest.columns.iter().position(|c| c.name == name);
+            match at {
+                Some(at) if *fields[at].data_type() == ty => {
+                    let column: &Column = &columns[at];
+                    let array = column.decode()?;
+                    if array.len() == manifest.rows && array.null_count() == 0 {
+                        return Ok(at);
+                    }
+                    Err(bad(format!(
+                        "column {name:?} has {} rows ({} null), the snapshot {}",
+                        array.len(),
+                        array.null_count(),
+                        manifest.rows
                     )))
                 }
+                _ => Err(bad(format!(
+                    "snapshot lacks a non-null {ty} column {name:?}"
+                ))),
             }
-        }
-        if batch.num_rows() > u32::MAX as usize - 1 {
+        };
+        let cache_col = position("cache_id", DataType::Int64)?;
+        let sample_col = position("sample_id", DataType::Int64)?;
+        let weight_col = position("weight", DataType::Float64)?;
+        if manifest.rows > u32::MAX as usize - 1 {
             return Err(bad("more rows than a snapshot can hold".into()));
         }
         Ok(Snapshot {
             number,
             path,
-            batch,
+            schema: Arc::new(Schema::new(fields)),
+            rows: manifest.rows,
+            columns,
+            cache_col,
+            sample_col,
+            weight_col,
+            batch: OnceLock::new(),
             fingerprint: manifest.fingerprint,
             note: manifest.note,
             created_unix_ms: manifest.created_unix_ms,
@@ -620,7 +781,7 @@ impl Snapshot {
             rows_by_sample: OnceLock::new(),
             alias: OnceLock::new(),
             samplers: Mutex::default(),
-            weight_hash,
+            weight_hash: manifest.columns[weight_col].hash.clone(),
         })
     }
 
@@ -653,45 +814,71 @@ impl Snapshot {
     }
 
     pub fn schema(&self) -> SchemaRef {
-        self.batch.schema()
+        self.schema.clone()
     }
 
-    /// The whole population as one record batch over the mapped file.
-    pub fn batch(&self) -> &RecordBatch {
-        &self.batch
+    /// The whole population as one record batch over the mapped files,
+    /// every chunk of every column checked (once per host, in parallel).
+    pub fn batch(&self) -> Result<&RecordBatch> {
+        if let Some(batch) = self.batch.get() {
+            return Ok(batch);
+        }
+        let arrays = self
+            .columns
+            .iter()
+            .map(|c| c.whole().cloned())
+            .collect::<Result<Vec<_>>>()?;
+        let batch = RecordBatch::try_new(self.schema.clone(), arrays)
+            .map_err(|e| Error::corrupt(&self.path, e.to_string()))?;
+        Ok(self.batch.get_or_init(|| batch))
     }
 
     pub fn num_rows(&self) -> usize {
-        self.batch.num_rows()
+        self.rows
     }
 
-    fn int64(&self, name: &str) -> &Int64Array {
-        self.batch
-            .column_by_name(name)
-            .expect("identity column checked on open")
-            .as_primitive::<Int64Type>()
+    /// `(cache_id, sample_id)` of row `row`: a loader's read, which checks
+    /// only the chunks those two values lie in.
+    #[inline]
+    pub fn identity(&self, row: usize) -> Result<(i64, i64)> {
+        let (ids, samples) = (
+            &self.columns[self.cache_col],
+            &self.columns[self.sample_col],
+        );
+        ids.check(row..row + 1, 8)?;
+        samples.check(row..row + 1, 8)?;
+        Ok((
+            ids.decoded().as_primitive::<Int64Type>().value(row),
+            samples.decoded().as_primitive::<Int64Type>().value(row),
+        ))
     }
 
-    pub fn cache_ids(&self) -> &Int64Array {
-        self.int64("cache_id")
+    /// The `cache_id` and `sample_id` columns whole, every chunk checked.
+    pub fn identities(&self) -> Result<(&[i64], &[i64])> {
+        let ids = self.columns[self.cache_col].whole()?;
+        let samples = self.columns[self.sample_col].whole()?;
+        Ok((
+            ids.as_primitive::<Int64Type>().values(),
+            samples.as_primitive::<Int64Type>().values(),
+        ))
     }
 
-    pub fn sample_ids(&self) -> &Int64Array {
-        self.int64("sample_id")
-    }
-
-    pub fn weights(&self) -> &Float64Array {
-        self.batch
-            .column_by_name("weight")
-            .expect("weight column checked on open")
+    /// The weight column whole, every chunk checked.
+    pub fn weights(&self) -> Result<&[f64]> {
+        Ok(self.columns[self.weight_col]
+            .whole()?
             .as_primitive::<Float64Type>()
+            .values())
     }
 
     /// Draws per epoch of `sampling` over this population: `epoch_len` when
     /// given, else the mode's default (the population's size, or for
     /// `balanced` the classes times the largest class).
-    pub fn epoch_len(&self, sampling: Sampling, epoch_len: Option<u64>) -> u64 {
-        epoch_len.unwrap_or_else(|| sampling.default_epoch_len(self.weights().values()))
+    pub fn epoch_len(&self, sampling: Sampling, epoch_len: Option<u64>) -> Result<u64> {
+        match epoch_len {
+            Some(len) => Ok(len),
+            None => sampling.default_epoch_len(self.rows, &|| self.weights()),
+        }
     }
 
     /// The sampler of epoch `epoch` of `sampling` over this population: draw
@@ -715,7 +902,8 @@ impl Snapshot {
         };
         let sampler = EpochSampler::new(
             sampling,
-            self.weights().values(),
+            self.rows,
+            &|| self.weights(),
             alias,
             seed,
             epoch,
@@ -745,20 +933,44 @@ impl Snapshot {
             .unwrap_or(Path::new("."))
             .join(COLUMNS_DIR);
         let path = dir.join(format!("{}.alias", self.weight_hash));
-        let table = AliasTable::load_or_build(&path, self.weights().values())?;
+        let table = AliasTable::load_or_build(&path, self.rows, &|| self.weights())?;
         Ok(self.alias.get_or_init(|| table))
     }
 
     /// The first row of `(cache position, sample_id)` in this population, if any.
     /// `caches` must be the dataset's caches, sorted by id.
-    pub fn row_of(&self, caches: &CacheSet, cache_pos: usize, sample_id: u64) -> Option<usize> {
-        let table = self.rows_by_sample.get_or_init(|| {
+    pub fn row_of(
+        &self,
+        caches: &CacheSet,
+        cache_pos: usize,
+        sample_id: u64,
+    ) -> Result<Option<usize>> {
+        let table = match self.rows_by_sample.get() {
+            Some(table) => table,
+            None => {
+                let (ids, samples) = self.identities()?;
+                self.rows_by_sample
+                    .get_or_init(|| rows_by_sample(caches, ids, samples))
+            }
+        };
+        Ok(
+            match table.get(cache_pos).and_then(|t| t.get(sample_id as usize)) {
+                Some(&row) if row != NO_ROW => Some(row as usize),
+                _ => None,
+            },
+        )
+    }
+}
+
+/// For each cache (sorted by id) and sample, the first row of the
+/// population that draws it (`NO_ROW` if none).
+fn rows_by_sample(caches: &CacheSet, ids: &[i64], samples: &[i64]) -> Vec<Vec<u32>> {
+    {
+        {
             let mut table: Vec<Vec<u32>> = caches
                 .iter()
                 .map(|c| vec![NO_ROW; c.records() as usize])
                 .collect();
-            let ids = self.cache_ids().values();
-            let samples = self.sample_ids().values();
             let mut pos = 0usize;
             for row in (0..ids.len()).rev() {
                 if caches.get(pos).map(|c| c.id()) != Some(ids[row]) {
@@ -776,10 +988,6 @@ impl Snapshot {
                 }
             }
             table
-        });
-        match table.get(cache_pos)?.get(sample_id as usize) {
-            Some(&row) if row != NO_ROW => Some(row as usize),
-            _ => None,
         }
     }
 }

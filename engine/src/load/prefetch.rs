@@ -80,15 +80,14 @@ fn replicas(caches: &CacheSet) -> Vec<(usize, Arc<Replica>)> {
 }
 
 /// This reader's draws of one epoch, as (cache position, sample), in order,
-/// one at a time (`sampler` is the snapshot's for `plan`).
+/// one at a time (`sampler` is the snapshot's for `plan`). An error is a
+/// damaged chunk of the snapshot that a draw read.
 fn draws<'a>(
     caches: &'a CacheSet,
     snapshot: &'a Snapshot,
     plan: &'a DrawPlan,
     sampler: &'a EpochSampler,
-) -> impl Iterator<Item = (u32, u64)> + 'a {
-    let ids = snapshot.cache_ids().values();
-    let samples = snapshot.sample_ids().values();
+) -> impl Iterator<Item = Result<(u32, u64)>> + 'a {
     let mut hint = 0;
     plan.my_blocks()
         .flat_map(move |b| {
@@ -96,16 +95,16 @@ fn draws<'a>(
             start..end
         })
         .map(move |k| {
-            let row = sampler.row(k) as usize;
-            hint = caches.position_near(ids[row], hint).unwrap_or(hint);
-            (hint as u32, samples[row] as u64)
+            let (id, sample) = snapshot.identity(sampler.row(k)? as usize)?;
+            hint = caches.position_near(id, hint).unwrap_or(hint);
+            Ok((hint as u32, sample as u64))
         })
 }
 
 /// This reader's draws of one epoch, all of them (the remote planner's).
 fn my_draws(caches: &CacheSet, snapshot: &Snapshot, plan: &DrawPlan) -> Result<Vec<(u32, u64)>> {
     let sampler = snapshot.epoch_sampler(plan)?;
-    Ok(draws(caches, snapshot, plan, &sampler).collect())
+    draws(caches, snapshot, plan, &sampler).collect()
 }
 
 /// Next uses of every record by one reader, over its draws of this epoch
@@ -236,7 +235,11 @@ async fn advise_local(
             .await
             .map_err(|e| crate::Error::internal(format!("read-ahead planning failed: {e}")))??
     };
-    let mut ahead = draws(&caches, &snapshot, &plan, &sampler).peekable();
+    // a draw that fails here fails the loader's own read of it, which
+    // reports it: advice just stops there
+    let mut ahead = draws(&caches, &snapshot, &plan, &sampler)
+        .map_while(Result::ok)
+        .peekable();
     let (mut next, mut advised) = (0usize, 0u64);
     // bytes advised for each draw from the consumer's position up to `next`
     let mut sizes = std::collections::VecDeque::new();

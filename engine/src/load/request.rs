@@ -144,7 +144,7 @@ impl LoaderRequest {
                     Some(n) => dataset.snapshot_at(n)?,
                     None => dataset.snapshot(),
                 };
-                let epoch_len = snapshot.epoch_len(self.sampling, self.epoch_len);
+                let epoch_len = snapshot.epoch_len(self.sampling, self.epoch_len)?;
                 (snapshot, self.reader(epoch_len))
             }
         };

@@ -29,7 +29,7 @@ pub const BATCH_SIZE: usize = 1 << 16;
 
 /// `snapshot` as a table, split into one zero-copy slice per partition.
 pub fn metadata_table(snapshot: &Snapshot, partitions: usize) -> Result<Arc<MemTable>> {
-    let batch = snapshot.batch();
+    let batch = snapshot.batch()?;
     let rows = batch.num_rows();
     let per = rows.div_ceil(partitions.max(1)).max(1);
     let parts: Vec<Vec<RecordBatch>> = (0..rows)

@@ -3,8 +3,13 @@
 //! workers share its pages instead of each building a private copy.
 //!
 //! File layout (little-endian): magic `DRTALIAS`, u32 version, u32 reserved,
-//! u64 n, u32 crc32c of the body, u32 reserved; body: `n` f64 probabilities
-//! then `n` u32 aliases. (Written as the in-memory bytes: little-endian hosts.)
+//! u64 n, u32 crc32c of the chunk table, u32 reserved; body: `n` f64
+//! probabilities then `n` u32 aliases; then the chunk table: a CRC-32C per
+//! 64 KiB of the body (`store::chunks`). A draw checks the chunks it reads
+//! the first time any process of the host reads them, so mapping a table of
+//! 10^9 rows costs its header and chunk table, not a pass over 12 GB.
+//! (Written as the in-memory bytes: little-endian hosts.) Version 1 had one
+//! CRC-32C over the body; such a file is rebuilt.
 
 use std::path::Path;
 use std::ptr::NonNull;
@@ -14,13 +19,19 @@ use arrow::buffer::{Buffer, ScalarBuffer};
 use memmap2::MmapOptions;
 
 use super::rng::{mix64, unit_f64};
-use crate::store::checksum::{check_magic, crc32c, crc32c_parts, header_version};
+use crate::store::checksum::{check_magic, crc32c, header_version};
+use crate::store::chunks::{self, chunk_count, ChunkCheck};
 use crate::store::fs::{map_file, temp_sibling};
 use crate::{Error, Result};
 
 const MAGIC: [u8; 8] = *b"DRTALIAS";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const HEADER: usize = 32;
+
+/// Bytes of a stored table of `n` rows: header, body, chunk table.
+fn file_len(n: usize) -> usize {
+    HEADER + n * 12 + chunk_count(n as u64 * 12) * 4
+}
 
 /// Fill `prob` and `alias` (each `weights.len()` long) with the alias table.
 fn fill(weights: &[f64], prob: &mut [f64], alias: &mut [u32]) -> Result<()> {
@@ -78,6 +89,8 @@ fn fill(weights: &[f64], prob: &mut [f64], alias: &mut [u32]) -> Result<()> {
 pub struct AliasTable {
     prob: ScalarBuffer<f64>,
     alias: ScalarBuffer<u32>,
+    /// For a stored table: checks the body's chunks as draws read them.
+    check: Option<Arc<ChunkCheck>>,
 }
 
 impl AliasTable {
@@ -89,23 +102,36 @@ impl AliasTable {
         Ok(AliasTable {
             prob: prob.into(),
             alias: alias.into(),
+            check: None,
         })
     }
 
-    /// Map the table stored at `path`, or build it from `weights`, store it
-    /// there and map it. The file is derived data: it is written without
-    /// fsync, published atomically (concurrent builders agree), and rebuilt
-    /// when its checksum or length does not match (e.g. after a crash).
-    pub fn load_or_build(path: &Path, weights: &[f64]) -> Result<AliasTable> {
+    /// Map the table of `n` rows stored at `path`, or build it from
+    /// `weights` (asked for only then), store it there and map it. The file
+    /// is derived data: it is written without fsync, published atomically
+    /// (concurrent builders agree), and rebuilt when its header, length or
+    /// chunk table does not match (e.g. after a crash) or it is of an older
+    /// version.
+    pub fn load_or_build<'w>(
+        path: &Path,
+        n: usize,
+        weights: &dyn Fn() -> Result<&'w [f64]>,
+    ) -> Result<AliasTable> {
         if path.exists() {
-            match Self::map(path, weights.len()) {
+            match Self::map(path, n) {
                 Ok(table) => return Ok(table),
-                Err(Error::Corrupt { .. }) => {}
+                Err(Error::Corrupt { .. } | Error::UnsupportedVersion { .. }) => {}
                 Err(e) => return Err(e),
             }
         }
+        let weights = weights()?;
+        if weights.len() != n {
+            return Err(Error::invalid(format!(
+                "{} weights for an alias table of {n} rows",
+                weights.len()
+            )));
+        }
         // Build straight into the file's pages: no second copy to write out.
-        let n = weights.len();
         let tmp = temp_sibling(path);
         let built = (|| -> Result<()> {
             let file = std::fs::OpenOptions::new()
@@ -116,11 +142,12 @@ impl AliasTable {
                 .map_err(Error::io(&tmp))?;
             // Allocate the blocks before mapping: on a full disk a write into
             // a mapped page the disk cannot back is a SIGBUS, not an error.
-            crate::store::fs::allocate(&file, (HEADER + n * 12) as u64).map_err(Error::io(&tmp))?;
+            crate::store::fs::allocate(&file, file_len(n) as u64).map_err(Error::io(&tmp))?;
             // SAFETY: a fresh private temporary file that no one else maps.
             let mut map =
                 unsafe { MmapOptions::new().populate().map_mut(&file) }.map_err(Error::io(&tmp))?;
-            let (header, body) = map.split_at_mut(HEADER);
+            let (header, rest) = map.split_at_mut(HEADER);
+            let (body, table) = rest.split_at_mut(n * 12);
             let (prob_bytes, alias_bytes) = body.split_at_mut(n * 8);
             // SAFETY: the mapping is page-aligned and HEADER is a multiple of 8,
             // so both slices are aligned for their types and exactly n long.
@@ -130,11 +157,13 @@ impl AliasTable {
                 std::slice::from_raw_parts_mut(alias_bytes.as_mut_ptr().cast::<u32>(), n)
             };
             fill(weights, prob, alias)?;
-            let crc = crc32c_parts(&[prob_bytes, alias_bytes]);
+            for (slot, crc) in table.chunks_exact_mut(4).zip(chunks::chunk_crcs(body)) {
+                slot.copy_from_slice(&crc.to_le_bytes());
+            }
             header[0..8].copy_from_slice(&MAGIC);
             header[8..12].copy_from_slice(&VERSION.to_le_bytes());
             header[16..24].copy_from_slice(&(n as u64).to_le_bytes());
-            header[24..28].copy_from_slice(&crc.to_le_bytes());
+            header[24..28].copy_from_slice(&crc32c(table).to_le_bytes());
             Ok(())
         })();
         if let Err(e) = built {
@@ -143,24 +172,31 @@ impl AliasTable {
         }
         // Replacing is safe: readers that mapped an older copy keep its inode.
         std::fs::rename(&tmp, path).map_err(Error::io(path))?;
-        Self::map(path, weights.len())
+        Self::map(path, n)
     }
 
+    /// Map the stored table at `path`: its header and chunk table are
+    /// checked here, the body's chunks as draws read them.
     fn map(path: &Path, n: usize) -> Result<AliasTable> {
         let mmap = Arc::new(map_file(path, "alias table")?);
         let bad = |detail: String| Error::corrupt(path, detail);
         check_magic(path, &mmap, &MAGIC, "alias table")?;
-        if mmap.len() != HEADER + n * 12 {
+        header_version(path, &mmap, VERSION..=VERSION)?;
+        if mmap.len() != file_len(n) {
             return Err(bad(format!(
                 "expected an alias table of {n} rows ({} bytes)",
-                HEADER + n * 12
+                file_len(n)
             )));
         }
-        header_version(path, &mmap, VERSION..=VERSION)?;
         let crc = u32::from_le_bytes(mmap[24..28].try_into().expect("4 bytes"));
-        if crc32c(&mmap[HEADER..]) != crc {
-            return Err(bad("alias table checksum mismatch".into()));
+        let table = &mmap[HEADER + n * 12..];
+        if crc32c(table) != crc {
+            return Err(bad("alias table's chunk table checksum mismatch".into()));
         }
+        let crcs = table
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
         // SAFETY: the pointer and length describe the live mapping, kept alive
         // by the buffer's `Arc` owner; the file is immutable once published.
         let buffer = unsafe {
@@ -170,9 +206,12 @@ impl AliasTable {
                 mmap.clone(),
             )
         };
+        let body = buffer.slice_with_length(HEADER, n * 12);
+        let check = ChunkCheck::new(path, body, HEADER as u64, crcs, chunks::host_key(path))?;
         Ok(AliasTable {
             prob: ScalarBuffer::new(buffer.clone(), HEADER / 8, n),
             alias: ScalarBuffer::new(buffer, (HEADER + n * 8) / 4, n),
+            check: Some(Arc::new(check)),
         })
     }
 
@@ -184,17 +223,24 @@ impl AliasTable {
         self.prob.is_empty()
     }
 
-    /// The row chosen by 64 random bits.
+    /// The row chosen by 64 random bits. An error is a damaged chunk of a
+    /// stored table that this draw had to read.
     #[inline]
-    pub fn draw(&self, bits: u64) -> usize {
-        let n = self.prob.len() as u128;
-        let column = ((bits as u128 * n) >> 64) as usize;
+    pub fn draw(&self, bits: u64) -> Result<usize> {
+        let n = self.prob.len();
+        let column = ((bits as u128 * n as u128) >> 64) as usize;
+        if let Some(check) = &self.check {
+            check.check(column * 8..column * 8 + 8)?;
+        }
         let coin = unit_f64(mix64(bits));
         if coin < self.prob[column] {
-            column
-        } else {
-            self.alias[column] as usize
+            return Ok(column);
         }
+        if let Some(check) = &self.check {
+            let at = n * 8 + column * 4;
+            check.check(at..at + 4)?;
+        }
+        Ok(self.alias[column] as usize)
     }
 }
 
@@ -210,7 +256,7 @@ mod tests {
         let n = 400_000u64;
         let mut counts = [0u64; 5];
         for k in 0..n {
-            counts[t.draw(draw_bits(3, 0, k))] += 1;
+            counts[t.draw(draw_bits(3, 0, k)).unwrap()] += 1;
         }
         assert_eq!(counts[0] + counts[3], 0);
         for (i, &w) in weights.iter().enumerate() {
@@ -227,20 +273,61 @@ mod tests {
         let weights: Vec<f64> = (0..1000).map(|i| (i % 7) as f64).collect();
         let path = dir.path().join("w.alias");
         let fresh = AliasTable::new(&weights).unwrap();
-        let stored = AliasTable::load_or_build(&path, &weights).unwrap();
-        let again = AliasTable::load_or_build(&path, &weights).unwrap();
+        let stored = AliasTable::load_or_build(&path, 1000, &|| Ok(&weights[..])).unwrap();
+        let again = AliasTable::load_or_build(&path, 1000, &|| {
+            panic!("a stored table is mapped, not built: no weights needed")
+        })
+        .unwrap();
         for k in 0..10_000 {
             let bits = draw_bits(5, 1, k);
-            assert_eq!(fresh.draw(bits), stored.draw(bits));
-            assert_eq!(fresh.draw(bits), again.draw(bits));
+            assert_eq!(fresh.draw(bits).unwrap(), stored.draw(bits).unwrap());
+            assert_eq!(fresh.draw(bits).unwrap(), again.draw(bits).unwrap());
         }
-        let mut raw = std::fs::read(&path).unwrap();
-        raw[HEADER + 3] ^= 1;
-        std::fs::write(&path, raw).unwrap();
+        // the chunk table damaged: the file is not mapped (and is rebuilt)
+        let good = std::fs::read(&path).unwrap();
+        let mut raw = good.clone();
+        raw[HEADER + 12_000 + 1] ^= 1;
+        std::fs::write(&path, &raw).unwrap();
         assert!(matches!(
             AliasTable::map(&path, 1000).unwrap_err(),
             Error::Corrupt { .. }
         ));
+    }
+
+    #[test]
+    fn a_damaged_body_chunk_fails_the_draws_that_read_it_and_only_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = 20_000; // a body of 240,000 bytes: 4 chunks
+        let weights: Vec<f64> = (0..n).map(|i| (i % 5 + 1) as f64).collect();
+        let path = dir.path().join("w.alias");
+        let fresh = AliasTable::new(&weights).unwrap();
+        AliasTable::load_or_build(&path, n, &|| Ok(&weights[..])).unwrap();
+        let mut raw = std::fs::read(&path).unwrap();
+        let damaged_row = 100; // its probability lies in chunk 0
+        raw[HEADER + damaged_row * 8] ^= 0x40;
+        std::fs::write(&path, &raw).unwrap();
+        let stored = AliasTable::map(&path, n).unwrap();
+        let (mut good, mut failed) = (0, 0);
+        for k in 0..2_000 {
+            let bits = draw_bits(5, 1, k);
+            let column = ((bits as u128 * n as u128) >> 64) as usize;
+            match stored.draw(bits) {
+                Ok(row) => {
+                    assert!(
+                        column * 8 >= chunks::CHUNK,
+                        "draw {k} read the damaged chunk"
+                    );
+                    assert_eq!(row, fresh.draw(bits).unwrap());
+                    good += 1;
+                }
+                Err(e) => {
+                    assert!(column * 8 < chunks::CHUNK, "draw {k}: {e}");
+                    assert!(e.to_string().contains("chunk 0 "), "{e}");
+                    failed += 1;
+                }
+            }
+        }
+        assert!(good > 0 && failed > 0, "{good} {failed}");
     }
 
     #[test]

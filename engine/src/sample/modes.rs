@@ -48,13 +48,19 @@ impl Sampling {
 
     /// Draws per epoch when the caller does not choose: the number of rows
     /// (rows of positive weight, for weighted without replacement).
-    pub fn default_epoch_len(self, weights: &[f64]) -> u64 {
-        match self {
+    /// `weights` is asked for only by the modes whose default depends on
+    /// them (a population's weights may be read and checked only on demand).
+    pub fn default_epoch_len<'w>(
+        self,
+        rows: usize,
+        weights: &dyn Fn() -> Result<&'w [f64]>,
+    ) -> Result<u64> {
+        Ok(match self {
             Sampling::WeightedWithoutReplacement => {
-                weights.iter().filter(|&&w| w > 0.0).count() as u64
+                weights()?.iter().filter(|&&w| w > 0.0).count() as u64
             }
-            _ => weights.len() as u64,
-        }
+            _ => rows as u64,
+        })
     }
 }
 
@@ -133,28 +139,30 @@ enum Kind {
 }
 
 impl EpochSampler {
-    /// `alias` is needed for `Replacement` only; `epoch_len` for `Balanced`
-    /// (the number of draws its counts are computed for).
-    pub fn new(
+    /// The sampler over a population of `rows` rows. `weights` is asked
+    /// for only by the modes that need every weight (not `Permutation`, nor
+    /// `Replacement` given its `alias` table); `epoch_len` is needed for
+    /// `Balanced` (the number of draws its counts are computed for).
+    pub fn new<'w>(
         sampling: Sampling,
-        weights: &[f64],
+        rows: usize,
+        weights: &dyn Fn() -> Result<&'w [f64]>,
         alias: Option<&AliasTable>,
         seed: u64,
         epoch: u64,
         epoch_len: u64,
     ) -> Result<EpochSampler> {
-        if weights.is_empty() {
+        if rows == 0 {
             return Err(Error::invalid("cannot sample from an empty population"));
         }
         let kind = match sampling {
             Sampling::Replacement => Kind::Replacement(match alias {
                 Some(a) => a.clone(),
-                None => AliasTable::new(weights)?,
+                None => AliasTable::new(weights()?)?,
             }),
-            Sampling::Permutation => Kind::Permutation {
-                n: weights.len() as u64,
-            },
+            Sampling::Permutation => Kind::Permutation { n: rows as u64 },
             Sampling::Balanced => {
+                let weights = weights()?;
                 if epoch_len == 0 {
                     return Err(Error::invalid(
                         "balanced sampling needs a positive epoch_len",
@@ -178,7 +186,7 @@ impl EpochSampler {
                 }
             }
             Sampling::WeightedWithoutReplacement => {
-                let mut keyed: Vec<(f64, u32)> = weights
+                let mut keyed: Vec<(f64, u32)> = weights()?
                     .iter()
                     .enumerate()
                     .filter(|(_, &w)| w > 0.0)
@@ -203,10 +211,11 @@ impl EpochSampler {
 
     /// The row of draw `k`. Draws past the epoch length continue the pattern
     /// (a new pass of the permutation, the balanced counts, or the weighted
-    /// order), which is how ranks are padded to equal counts.
-    pub fn row(&self, k: u64) -> u32 {
-        match &self.kind {
-            Kind::Replacement(alias) => alias.draw(draw_bits(self.seed, self.epoch, k)) as u32,
+    /// order), which is how ranks are padded to equal counts. An error is a
+    /// damaged table the draw had to read (a stored alias table's chunk).
+    pub fn row(&self, k: u64) -> Result<u32> {
+        Ok(match &self.kind {
+            Kind::Replacement(alias) => alias.draw(draw_bits(self.seed, self.epoch, k))? as u32,
             Kind::Permutation { n } => {
                 let perm = Permutation::new(
                     *n,
@@ -226,7 +235,7 @@ impl EpochSampler {
                     .min(cumulative.len() - 1) as u32
             }
             Kind::Weighted { order } => order[(k % order.len() as u64) as usize],
-        }
+        })
     }
 }
 
@@ -250,13 +259,34 @@ mod tests {
     #[test]
     fn permutation_covers_every_row_once_and_epochs_differ() {
         let w = vec![1.0; 300];
-        let s0 = EpochSampler::new(Sampling::Permutation, &w, None, 9, 0, 300).unwrap();
-        let s1 = EpochSampler::new(Sampling::Permutation, &w, None, 9, 1, 300).unwrap();
-        let mut rows: Vec<u32> = (0..300).map(|k| s0.row(k)).collect();
+        let s0 = EpochSampler::new(
+            Sampling::Permutation,
+            w.len(),
+            &|| Ok(&w[..]),
+            None,
+            9,
+            0,
+            300,
+        )
+        .unwrap();
+        let s1 = EpochSampler::new(
+            Sampling::Permutation,
+            w.len(),
+            &|| Ok(&w[..]),
+            None,
+            9,
+            1,
+            300,
+        )
+        .unwrap();
+        let mut rows: Vec<u32> = (0..300).map(|k| s0.row(k).unwrap()).collect();
         let first = rows.clone();
         rows.sort_unstable();
         assert_eq!(rows, (0..300).collect::<Vec<_>>());
-        assert_ne!(first, (0..300).map(|k| s1.row(k)).collect::<Vec<_>>());
+        assert_ne!(
+            first,
+            (0..300).map(|k| s1.row(k).unwrap()).collect::<Vec<_>>()
+        );
         assert_ne!(first, (0..300).collect::<Vec<_>>());
     }
 
@@ -268,10 +298,19 @@ mod tests {
         let total: f64 = w.iter().sum();
         for len in [50u64, 97, 1000, 1234] {
             for seed in 0..5 {
-                let s = EpochSampler::new(Sampling::Balanced, &w, None, seed, 3, len).unwrap();
+                let s = EpochSampler::new(
+                    Sampling::Balanced,
+                    w.len(),
+                    &|| Ok(&w[..]),
+                    None,
+                    seed,
+                    3,
+                    len,
+                )
+                .unwrap();
                 let mut counts = vec![0u64; w.len()];
                 for k in 0..len {
-                    counts[s.row(k) as usize] += 1;
+                    counts[s.row(k).unwrap() as usize] += 1;
                 }
                 for (i, &c) in counts.iter().enumerate() {
                     let e = len as f64 * w[i] / total;
@@ -287,12 +326,23 @@ mod tests {
     #[test]
     fn weighted_without_replacement_never_repeats_and_skips_zero_weights() {
         let w = [3.0, 0.0, 1.0, 2.0, 0.0, 5.0];
-        let s = EpochSampler::new(Sampling::WeightedWithoutReplacement, &w, None, 1, 0, 4).unwrap();
-        let mut rows: Vec<u32> = (0..4).map(|k| s.row(k)).collect();
+        let s = EpochSampler::new(
+            Sampling::WeightedWithoutReplacement,
+            w.len(),
+            &|| Ok(&w[..]),
+            None,
+            1,
+            0,
+            4,
+        )
+        .unwrap();
+        let mut rows: Vec<u32> = (0..4).map(|k| s.row(k).unwrap()).collect();
         rows.sort_unstable();
         assert_eq!(rows, vec![0, 2, 3, 5]);
         assert_eq!(
-            Sampling::WeightedWithoutReplacement.default_epoch_len(&w),
+            Sampling::WeightedWithoutReplacement
+                .default_epoch_len(w.len(), &|| Ok(&w[..]))
+                .unwrap(),
             4
         );
     }
@@ -302,9 +352,18 @@ mod tests {
         let w = [1.0, 9.0];
         let firsts = (0..2000)
             .filter(|&seed| {
-                EpochSampler::new(Sampling::WeightedWithoutReplacement, &w, None, seed, 0, 2)
-                    .unwrap()
-                    .row(0)
+                EpochSampler::new(
+                    Sampling::WeightedWithoutReplacement,
+                    w.len(),
+                    &|| Ok(&w[..]),
+                    None,
+                    seed,
+                    0,
+                    2,
+                )
+                .unwrap()
+                .row(0)
+                .unwrap()
                     == 1
             })
             .count();

@@ -56,11 +56,14 @@ pub fn crc32c_file(path: &std::path::Path) -> std::io::Result<(u32, u64)> {
 }
 
 /// A writer that passes bytes on and keeps the CRC-32C and length of all it
-/// wrote, so a file's checksum costs no second read.
+/// wrote, and the CRC-32C of every [`CHUNK`](super::chunks::CHUNK), so a
+/// file's checksums cost no second read.
 pub struct CrcWriter<W> {
     inner: W,
     digest: Digest,
     len: u64,
+    chunk: Digest,
+    chunks: Vec<u32>,
 }
 
 impl<W> CrcWriter<W> {
@@ -69,20 +72,46 @@ impl<W> CrcWriter<W> {
             inner,
             digest: Digest::new(CrcAlgorithm::Crc32Iscsi),
             len: 0,
+            chunk: Digest::new(CrcAlgorithm::Crc32Iscsi),
+            chunks: Vec::new(),
         }
     }
 
-    /// The inner writer, the CRC-32C and the length of everything written.
-    pub fn finish(self) -> (W, u32, u64) {
-        (self.inner, self.digest.finalize() as u32, self.len)
+    /// The inner writer, the CRC-32C and the length of everything written,
+    /// and the CRC-32C of each chunk of it.
+    pub fn finish(mut self) -> (W, u32, u64, Vec<u32>) {
+        if self.len % super::chunks::CHUNK as u64 != 0 {
+            self.chunks.push(self.chunk.finalize() as u32);
+        }
+        (
+            self.inner,
+            self.digest.finalize() as u32,
+            self.len,
+            self.chunks,
+        )
+    }
+
+    fn account(&mut self, mut bytes: &[u8]) {
+        use super::chunks::CHUNK;
+        self.digest.update(bytes);
+        while !bytes.is_empty() {
+            let room = CHUNK - (self.len % CHUNK as u64) as usize;
+            let (now, rest) = bytes.split_at(room.min(bytes.len()));
+            self.chunk.update(now);
+            self.len += now.len() as u64;
+            if self.len % CHUNK as u64 == 0 {
+                self.chunks.push(self.chunk.finalize() as u32);
+                self.chunk = Digest::new(CrcAlgorithm::Crc32Iscsi);
+            }
+            bytes = rest;
+        }
     }
 }
 
 impl<W: std::io::Write> std::io::Write for CrcWriter<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.inner.write(buf)?;
-        self.digest.update(&buf[..n]);
-        self.len += n as u64;
+        self.account(&buf[..n]);
         Ok(n)
     }
 

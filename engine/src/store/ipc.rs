@@ -21,12 +21,14 @@ use super::checksum::CrcWriter;
 use super::fs::{map_buffer, temp_sibling};
 use crate::{Error, Result};
 
-/// A complete, fsynced temporary file, its CRC-32C and length.
+/// A complete, fsynced temporary file, its CRC-32C and length, and the
+/// CRC-32C of each of its chunks (`chunks::CHUNK`).
 #[derive(Debug)]
 pub struct Written {
     pub path: PathBuf,
     pub crc: u32,
     pub len: u64,
+    pub chunks: Vec<u32>,
 }
 
 /// Write `batches` as an uncompressed Arrow IPC file at a temporary sibling
@@ -46,18 +48,19 @@ pub fn write_temp(path: &Path, schema: &SchemaRef, batches: &[RecordBatch]) -> R
             writer.write(batch).map_err(arrow_err)?;
         }
         writer.finish().map_err(arrow_err)?;
-        let (buffered, crc, len) = writer.into_inner().map_err(arrow_err)?.finish();
+        let (buffered, crc, len, chunks) = writer.into_inner().map_err(arrow_err)?.finish();
         let file = buffered
             .into_inner()
             .map_err(|e| Error::io(&tmp)(e.into_error()))?;
         file.sync_all().map_err(Error::io(&tmp))?;
-        Ok((crc, len))
+        Ok((crc, len, chunks))
     })();
     match result {
-        Ok((crc, len)) => Ok(Written {
+        Ok((crc, len, chunks)) => Ok(Written {
             path: tmp,
             crc,
             len,
+            chunks,
         }),
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
@@ -95,16 +98,28 @@ pub fn decode_verified(path: &Path, buffer: Buffer) -> Result<(SchemaRef, Vec<Re
     decode_inner(path, buffer, false)
 }
 
-fn decode_inner(
+/// What an Arrow IPC file's footer says: the schema, the format version,
+/// and the dictionary and record batch blocks.
+struct Footer {
+    schema: SchemaRef,
+    version: arrow::ipc::MetadataVersion,
+    dictionaries: Vec<Block>,
+    records: Vec<Block>,
+}
+
+/// Read the footer of `buffer` (the bytes of `path`). `check` is called on
+/// each range of bytes before they are read.
+fn footer(
     path: &Path,
-    buffer: Buffer,
-    validate: bool,
-) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    buffer: &Buffer,
+    check: &dyn Fn(std::ops::Range<usize>) -> Result<()>,
+) -> Result<Footer> {
     let len = buffer.len();
     let bad = |detail: String| Error::corrupt(path, detail);
     if len < 10 {
         return Err(bad(format!("Arrow IPC file is {len} bytes, too short")));
     }
+    check(len - 10..len)?;
     let trailer: [u8; 10] = buffer[len - 10..].try_into().expect("10 bytes");
     let footer_len = read_footer_length(trailer).map_err(|e| bad(e.to_string()))?;
     if footer_len + 10 > len {
@@ -112,6 +127,7 @@ fn decode_inner(
             "footer length {footer_len} exceeds file length {len}"
         )));
     }
+    check(len - 10 - footer_len..len - 10)?;
     let footer = root_as_footer(&buffer[len - 10 - footer_len..len - 10])
         .map_err(|e| bad(format!("unreadable footer: {e}")))?;
     let fb_schema = footer
@@ -121,9 +137,47 @@ fn decode_inner(
     let schema = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fb_to_schema(fb_schema)))
         .map(Arc::new)
         .map_err(|_| bad("unreadable schema in the footer".into()))?;
-    let version = footer.version();
-    let dictionaries: Vec<Block> = footer.dictionaries().iter().flatten().copied().collect();
-    let records: Vec<Block> = footer.recordBatches().iter().flatten().copied().collect();
+    Ok(Footer {
+        schema,
+        version: footer.version(),
+        dictionaries: footer.dictionaries().iter().flatten().copied().collect(),
+        records: footer.recordBatches().iter().flatten().copied().collect(),
+    })
+}
+
+/// The schema of the Arrow IPC file `buffer` (the bytes of `path`), after
+/// `check` has been called on every byte range a decode reads to find the
+/// arrays: the trailer, the footer and each message's metadata. The bodies
+/// (the arrays' values) are not read: the caller checks what it reads of
+/// them before reading it (see `chunks::ChunkCheck`).
+pub fn checked_metadata(
+    path: &Path,
+    buffer: &Buffer,
+    check: &dyn Fn(std::ops::Range<usize>) -> Result<()>,
+) -> Result<SchemaRef> {
+    let found = footer(path, buffer, check)?;
+    for block in found.dictionaries.iter().chain(&found.records) {
+        let start = usize::try_from(block.offset())
+            .map_err(|_| Error::corrupt(path, "negative block offset"))?;
+        let end = start.saturating_add(block.metaDataLength().max(0) as usize);
+        check(start..end.min(buffer.len()))?;
+    }
+    Ok(found.schema)
+}
+
+fn decode_inner(
+    path: &Path,
+    buffer: Buffer,
+    validate: bool,
+) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    let len = buffer.len();
+    let bad = |detail: String| Error::corrupt(path, detail);
+    let Footer {
+        schema,
+        version,
+        dictionaries,
+        records,
+    } = footer(path, &buffer, &|_| Ok(()))?;
     // arrow's decoder trusts the buffer offsets inside a message and panics
     // on ones past the body (found by engine/tests/it/fuzz.rs, as were the
     // schema panic above and arrays it returns invalid): a damaged

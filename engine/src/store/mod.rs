@@ -13,6 +13,7 @@
 //! leaves either the whole cache or nothing visible.
 
 pub mod checksum;
+pub mod chunks;
 pub mod codec;
 mod counters;
 pub mod format;

@@ -41,7 +41,7 @@ fn snapshot_zero_is_every_stored_sample_with_unit_weight() {
     let snap = ds.snapshot();
     assert_eq!(snap.number(), 0);
     assert_eq!(snap.num_rows(), 15);
-    assert!(snap.weights().values().iter().all(|&w| w == 1.0));
+    assert!(snap.weights().unwrap().iter().all(|&w| w == 1.0));
     let names: Vec<_> = snap
         .schema()
         .fields()
@@ -64,12 +64,15 @@ fn updates_publish_numbered_snapshots_and_reopen_finds_the_newest() {
     let again = Dataset::open(&[dir.path().to_path_buf()], OpenOptions::default()).unwrap();
     assert_eq!(again.snapshot().number(), 1);
     assert_eq!(
-        again.snapshot().sample_ids().values().to_vec(),
+        again.snapshot().identities().unwrap().1.to_vec(),
         vec![1, 1, 2]
     );
     // the first of duplicated rows answers lookups
-    assert_eq!(again.snapshot().row_of(again.caches(), 0, 1), Some(0));
-    assert_eq!(again.snapshot().row_of(again.caches(), 0, 3), None);
+    assert_eq!(
+        again.snapshot().row_of(again.caches(), 0, 1).unwrap(),
+        Some(0)
+    );
+    assert_eq!(again.snapshot().row_of(again.caches(), 0, 3).unwrap(), None);
 }
 
 #[test]
@@ -111,7 +114,7 @@ fn narrow_integer_identities_are_widened_and_weight_defaults_to_one() {
     )
     .unwrap();
     let snap = ds.update(&schema, &[batch], "test", None, false).unwrap();
-    let s = snap.batch();
+    let s = snap.batch().unwrap();
     assert_eq!(
         s.column_by_name("sample_id")
             .unwrap()

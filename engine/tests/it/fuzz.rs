@@ -304,9 +304,9 @@ fn a_mutated_arrow_ipc_file_never_panics_the_decoder() {
     });
 }
 
-/// Snapshot column files (Arrow IPC under a checksum the manifest holds):
-/// a snapshot whose column file was mutated is refused, or reads the same
-/// population.
+/// Snapshot column files (Arrow IPC under a checksum the manifest holds)
+/// and their chunk tables: a snapshot whose column file or chunk table was
+/// mutated is refused, or reads the same population.
 #[test]
 fn a_mutated_snapshot_column_file_is_refused_or_reads_the_same() {
     let (_dir, ds) = dataset();
@@ -314,12 +314,16 @@ fn a_mutated_snapshot_column_file_is_refused_or_reads_the_same() {
     let expected = datasetrt::Snapshot::open(&snap_dir, 0)
         .unwrap()
         .batch()
+        .unwrap()
         .clone();
     let mut columns: Vec<_> = std::fs::read_dir(snap_dir.join("columns"))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "arrow"))
+        .filter(|p| p.extension().is_some_and(|e| e == "arrow" || e == "chunks"))
         .collect();
+    assert!(columns
+        .iter()
+        .any(|p| p.extension().is_some_and(|e| e == "chunks")));
     columns.sort();
     assert!(!columns.is_empty());
     for (k, path) in columns.iter().enumerate() {
@@ -327,11 +331,38 @@ fn a_mutated_snapshot_column_file_is_refused_or_reads_the_same() {
         let what = format!("snapshot column {k}");
         fuzz(&what, 20 + k as u64, &good, |input| {
             write_replacing(path, input);
-            let got = datasetrt::Snapshot::open(&snap_dir, 0).map(|s| s.batch().clone());
+            let got = datasetrt::Snapshot::open(&snap_dir, 0).and_then(|s| s.batch().cloned());
             same_or_refused(got, &expected, "snapshot column")
         });
         write_replacing(path, &good);
     }
+}
+
+/// A stored alias table (derived: rebuilt when its header or chunk table is
+/// damaged): weighted draws through a mutated table are refused, or are the
+/// same draws.
+#[test]
+fn a_mutated_alias_table_draws_the_same_or_is_refused() {
+    use datasetrt::sample::Sampling;
+    let (_dir, ds) = dataset();
+    let snap_dir = ds.snapshot_dir().to_path_buf();
+    let draws = |snapshot: &datasetrt::Snapshot| -> datasetrt::Result<Vec<u32>> {
+        let sampler = snapshot.sampler(Sampling::Replacement, 7, 0, 200)?;
+        (0..200).map(|k| sampler.row(k)).collect()
+    };
+    let expected = draws(&datasetrt::Snapshot::open(&snap_dir, 0).unwrap()).unwrap();
+    let path = std::fs::read_dir(snap_dir.join("columns"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "alias"))
+        .expect("the draws stored an alias table");
+    let good = std::fs::read(&path).unwrap();
+    fuzz("alias table", 30, &good, |input| {
+        write_replacing(&path, input);
+        let got = datasetrt::Snapshot::open(&snap_dir, 0).and_then(|s| draws(&s));
+        same_or_refused(got, &expected, "alias table")
+    });
+    write_replacing(&path, &good);
 }
 
 #[test]

@@ -115,7 +115,7 @@ fn rows_of(plan: &DrawPlan, sampler: &EpochSampler, blocks: &[u64]) -> Vec<u32> 
         .iter()
         .flat_map(|&b| {
             let (start, end) = plan.block_range(b);
-            (start..end).map(|k| sampler.row(k))
+            (start..end).map(|k| sampler.row(k).unwrap())
         })
         .collect()
 }
@@ -124,7 +124,8 @@ fn rows_of(plan: &DrawPlan, sampler: &EpochSampler, blocks: &[u64]) -> Vec<u32> 
 fn sampler(plan: &DrawPlan, weights: &[f64]) -> EpochSampler {
     EpochSampler::new(
         plan.sampling,
-        weights,
+        weights.len(),
+        &|| Ok(weights),
         None,
         plan.seed,
         plan.epoch,
@@ -257,7 +258,7 @@ proptest! {
             true => Sampling::WeightedWithoutReplacement,
             false => Sampling::Permutation,
         };
-        let epoch_len = sampling.default_epoch_len(&weights);
+        let epoch_len = sampling.default_epoch_len(weights.len(), &|| Ok(&weights[..])).unwrap();
         let plan = DrawPlan {
             sampling, epoch_len, start_block: 0, drop_last: false, world_size: 1, ..plan
         };
@@ -288,8 +289,12 @@ fn the_sample_node_emits_exactly_the_planned_draws_of_a_snapshot() {
     let batch = RecordBatch::try_new(
         schema.clone(),
         vec![
-            Arc::new(base.cache_ids().clone()),
-            Arc::new(base.sample_ids().clone()),
+            Arc::new(arrow::array::Int64Array::from(
+                base.identities().unwrap().0.to_vec(),
+            )),
+            Arc::new(arrow::array::Int64Array::from(
+                base.identities().unwrap().1.to_vec(),
+            )),
             Arc::new(arrow::array::Float64Array::from(weights.clone())),
         ],
     )
@@ -297,7 +302,7 @@ fn the_sample_node_emits_exactly_the_planned_draws_of_a_snapshot() {
     let snapshot = ds
         .update(&schema, &[batch], "weights", None, false)
         .unwrap();
-    assert_eq!(snapshot.weights().values().to_vec(), weights);
+    assert_eq!(snapshot.weights().unwrap().to_vec(), weights);
 
     let readers = (draw_plans(), any::<u32>(), any::<u32>()).prop_map(|(plan, r, w)| DrawPlan {
         rank: r % plan.world_size,
@@ -323,10 +328,11 @@ fn the_sample_node_emits_exactly_the_planned_draws_of_a_snapshot() {
                 let sample_ids = batch.column(3).as_primitive::<Int64Type>().values();
                 prop_assert_eq!(draws.to_vec(), (start..end).collect::<Vec<_>>());
                 for (i, &k) in draws.iter().enumerate() {
-                    let row = sampler.row(k) as usize;
+                    let row = sampler.row(k).unwrap() as usize;
                     prop_assert_eq!(rows[i] as usize, row, "draw {}", k);
-                    prop_assert_eq!(cache_ids[i], snapshot.cache_ids().value(row));
-                    prop_assert_eq!(sample_ids[i], snapshot.sample_ids().value(row));
+                    let (cache_id, sample_id) = snapshot.identity(row).unwrap();
+                    prop_assert_eq!(cache_ids[i], cache_id);
+                    prop_assert_eq!(sample_ids[i], sample_id);
                 }
             }
             Ok(())

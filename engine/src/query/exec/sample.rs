@@ -43,11 +43,15 @@ fn draw_block(
     b: u64,
 ) -> DfResult<RecordBatch> {
     let (start, end) = plan.block_range(b);
-    let rows: Vec<u32> = (start..end).map(|k| sampler.row(k)).collect();
-    let ids = snapshot.cache_ids().values();
-    let samples = snapshot.sample_ids().values();
-    let cache_ids = Int64Array::from_iter_values(rows.iter().map(|&r| ids[r as usize]));
-    let sample_ids = Int64Array::from_iter_values(rows.iter().map(|&r| samples[r as usize]));
+    let rows = (start..end)
+        .map(|k| sampler.row(k))
+        .collect::<Result<Vec<u32>>>()?;
+    let identities = rows
+        .iter()
+        .map(|&r| snapshot.identity(r as usize))
+        .collect::<Result<Vec<(i64, i64)>>>()?;
+    let cache_ids = Int64Array::from_iter_values(identities.iter().map(|&(c, _)| c));
+    let sample_ids = Int64Array::from_iter_values(identities.iter().map(|&(_, s)| s));
     let columns: Vec<ArrayRef> = vec![
         Arc::new(UInt64Array::from_iter_values(start..end)),
         Arc::new(UInt32Array::from(rows)),

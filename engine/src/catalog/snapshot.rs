@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use arrow::array::{Array, ArrayData, ArrayRef, AsArray, RecordBatch};
+use arrow::buffer::ScalarBuffer;
 use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef};
 use xxhash_rust::xxh3::Xxh3;
 
@@ -39,6 +40,10 @@ pub struct Snapshot {
     cache_col: usize,
     sample_col: usize,
     weight_col: usize,
+    /// The values of `cache_id` and `sample_id`, for reads that check them
+    /// first (`identity`).
+    ids: ScalarBuffer<i64>,
+    samples: ScalarBuffer<i64>,
     /// Every column, each checked in full (built on first use).
     batch: OnceLock<RecordBatch>,
     fingerprint: String,
@@ -299,8 +304,10 @@ fn store_columns(
                 // by the next writer, and readers check the file whole)
                 chunks.write_sidecar(&path)?;
                 if fs::publish_no_replace(&written.path, &path)? {
-                    // its checksum was taken as it was written: no second read
+                    // its checksums were taken as it was written: no second
+                    // read, in this process or another of the host
                     mark_verified(&path);
+                    chunks::record_checked(&path, chunks::chunk_count(written.len));
                     (written.crc, written.len)
                 } else {
                     file_crc(&path)? // an equal column another writer stored meanwhile
@@ -764,9 +771,15 @@ impl Snapshot {
         if manifest.rows > u32::MAX as usize - 1 {
             return Err(bad("more rows than a snapshot can hold".into()));
         }
+        let values = |at: usize| {
+            let array: &ArrayRef = columns[at].decoded();
+            array.as_primitive::<Int64Type>().values().clone()
+        };
         Ok(Snapshot {
             number,
             path,
+            ids: values(cache_col),
+            samples: values(sample_col),
             schema: Arc::new(Schema::new(fields)),
             rows: manifest.rows,
             columns,
@@ -847,10 +860,7 @@ impl Snapshot {
         );
         ids.check(row..row + 1, 8)?;
         samples.check(row..row + 1, 8)?;
-        Ok((
-            ids.decoded().as_primitive::<Int64Type>().value(row),
-            samples.decoded().as_primitive::<Int64Type>().value(row),
-        ))
+        Ok((self.ids[row], self.samples[row]))
     }
 
     /// The `cache_id` and `sample_id` columns whole, every chunk checked.

@@ -172,6 +172,8 @@ impl AliasTable {
         }
         // Replacing is safe: readers that mapped an older copy keep its inode.
         std::fs::rename(&tmp, path).map_err(Error::io(path))?;
+        // its chunks were summed from the bytes just built: none is read again
+        chunks::record_checked(path, chunk_count(n as u64 * 12));
         Self::map(path, n)
     }
 

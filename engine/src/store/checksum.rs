@@ -80,7 +80,7 @@ impl<W> CrcWriter<W> {
     /// The inner writer, the CRC-32C and the length of everything written,
     /// and the CRC-32C of each chunk of it.
     pub fn finish(mut self) -> (W, u32, u64, Vec<u32>) {
-        if self.len % super::chunks::CHUNK as u64 != 0 {
+        if !self.len.is_multiple_of(super::chunks::CHUNK as u64) {
             self.chunks.push(self.chunk.finalize() as u32);
         }
         (
@@ -99,7 +99,7 @@ impl<W> CrcWriter<W> {
             let (now, rest) = bytes.split_at(room.min(bytes.len()));
             self.chunk.update(now);
             self.len += now.len() as u64;
-            if self.len % CHUNK as u64 == 0 {
+            if self.len.is_multiple_of(CHUNK as u64) {
                 self.chunks.push(self.chunk.finalize() as u32);
                 self.chunk = Digest::new(CrcAlgorithm::Crc32Iscsi);
             }

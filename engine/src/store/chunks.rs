@@ -23,7 +23,7 @@
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use arrow::buffer::Buffer;
 use memmap2::MmapMut;
@@ -220,6 +220,26 @@ fn generation(file: &std::fs::File) -> i64 {
     0
 }
 
+/// Record on the host that every one of the `chunks` chunks of the current
+/// version of `file` is good: for a file this process has just written, its
+/// checksums taken from the bytes it wrote (no second read to check them).
+/// Best effort, like every host record.
+pub fn record_checked(file: &Path, chunks: usize) {
+    let Some(mut key) = host_key(file) else {
+        return;
+    };
+    key.as_mut_os_string().push(".bits");
+    if let Some(bits) = HostBits::open(&key, chunks) {
+        for word in 0..chunks.div_ceil(64) {
+            let mask = match chunks - word * 64 {
+                n if n >= 64 => u64::MAX,
+                n => (1u64 << n) - 1,
+            };
+            bits.word(word).fetch_or(mask, Ordering::Release);
+        }
+    }
+}
+
 /// A bitmap of checked chunks in a shared mapping: the host's record.
 struct HostBits {
     map: MmapMut,
@@ -268,9 +288,10 @@ pub struct ChunkCheck {
     /// Where `bytes` start in the file (for reads from the file).
     at: u64,
     crcs: Vec<u32>,
-    /// Chunks this process knows to be good.
+    /// Chunks this process knows to be good, and how many.
     mine: Vec<AtomicU64>,
-    /// Every chunk known good (`check_all` passed).
+    known: AtomicUsize,
+    /// Every chunk known good: a read then checks nothing.
     all: AtomicBool,
     host: Option<HostBits>,
 }
@@ -316,7 +337,8 @@ impl ChunkCheck {
             path: path.to_path_buf(),
             bytes,
             at,
-            all: AtomicBool::new(false),
+            all: AtomicBool::new(crcs.is_empty()),
+            known: AtomicUsize::new(0),
             mine: (0..words).map(|_| AtomicU64::new(0)).collect(),
             host: host_path.and_then(|p| HostBits::open(&p, crcs.len())),
             crcs,
@@ -344,18 +366,29 @@ impl ChunkCheck {
         }
         if let Some(host) = &self.host {
             if host.word(chunk / 64).load(Ordering::Acquire) & bit != 0 {
-                self.mine[chunk / 64].fetch_or(bit, Ordering::Relaxed);
+                self.learn(chunk);
                 return true;
             }
         }
         false
     }
 
-    fn mark(&self, chunk: usize) {
+    /// Note in this process that `chunk` is good; the last one noted makes
+    /// every later read skip the checks.
+    fn learn(&self, chunk: usize) {
         let bit = 1u64 << (chunk % 64);
-        self.mine[chunk / 64].fetch_or(bit, Ordering::Relaxed);
+        if self.mine[chunk / 64].fetch_or(bit, Ordering::Relaxed) & bit == 0
+            && self.known.fetch_add(1, Ordering::Relaxed) + 1 == self.crcs.len()
+        {
+            self.all.store(true, Ordering::Release);
+        }
+    }
+
+    fn mark(&self, chunk: usize) {
+        self.learn(chunk);
         if let Some(host) = &self.host {
-            host.word(chunk / 64).fetch_or(bit, Ordering::Release);
+            host.word(chunk / 64)
+                .fetch_or(1u64 << (chunk % 64), Ordering::Release);
         }
     }
 
@@ -377,6 +410,21 @@ impl ChunkCheck {
     /// mapping (a reader of those bytes touches their pages anyway).
     #[inline]
     pub fn check(&self, bytes: Range<usize>) -> Result<()> {
+        if bytes.end <= self.len() && bytes.start < bytes.end {
+            // the common case of a small read: its chunk known already
+            if self.all.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            let chunk = bytes.start / CHUNK;
+            if chunk == (bytes.end - 1) / CHUNK && self.known(chunk) {
+                return Ok(());
+            }
+        }
+        self.check_slow(bytes)
+    }
+
+    #[cold]
+    fn check_slow(&self, bytes: Range<usize>) -> Result<()> {
         if bytes.end > self.len() || bytes.start > bytes.end {
             return Err(Error::corrupt(
                 &self.path,
@@ -536,5 +584,29 @@ mod tests {
         let third = ChunkCheck::new(&file, buffer, 0, vec![0; 3], Some(other)).unwrap();
         assert!(third.check(0..1).is_err());
         assert!(third.check_all(1).is_err());
+    }
+
+    #[test]
+    fn a_file_just_written_is_recorded_checked_for_the_whole_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("w.arrow");
+        let bytes = vec![7u8; 129 * CHUNK + 1]; // 130 chunks: two words and two bits
+        std::fs::write(&file, &bytes).unwrap();
+        let Some(key) = host_key(&file) else {
+            return; // no shared memory here: nothing is recorded
+        };
+        record_checked(&file, 130);
+        let mut bits = key.clone();
+        bits.as_mut_os_string().push(".bits");
+        let words = std::fs::read(&bits).unwrap();
+        let _ = std::fs::remove_file(&bits);
+        let set: u32 = words.iter().map(|b| b.count_ones()).sum();
+        assert_eq!((words.len(), set), (24, 130), "exactly the file's chunks");
+        // another process of the host: every chunk known, none read
+        std::fs::write(&bits, &words).unwrap();
+        let wrong = vec![0; 130];
+        let check = ChunkCheck::new(&file, Buffer::from_vec(bytes), 0, wrong, Some(key)).unwrap();
+        check.check_all(1).unwrap();
+        let _ = std::fs::remove_file(&bits);
     }
 }

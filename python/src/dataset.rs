@@ -39,8 +39,11 @@ pub struct PyDataset {
     maps: Arc<ShardMaps>,
 }
 
-fn table(snapshot: &Snapshot) -> PyResult<PyTable> {
-    PyTable::try_new(vec![snapshot.batch().py()?.clone()], snapshot.schema())
+/// `snapshot` whole as an Arrow table over the mapped files; the check of
+/// every chunk not yet checked on this host runs without the GIL.
+fn table(py: Python<'_>, snapshot: &Snapshot) -> PyResult<PyTable> {
+    let batch = detach(py, || snapshot.batch().cloned())?.py()?;
+    PyTable::try_new(vec![batch], snapshot.schema())
 }
 
 impl PyDataset {
@@ -238,8 +241,8 @@ impl PyDataset {
     /// A snapshot (default: the active one) as an Arrow table over the mapped
     /// file (no copy).
     #[pyo3(signature = (version=None))]
-    fn get_metadata(&self, version: Option<u64>) -> PyResult<PyTable> {
-        table(&*self.pinned(version)?)
+    fn get_metadata(&self, py: Python<'_>, version: Option<u64>) -> PyResult<PyTable> {
+        table(py, &*self.pinned(version)?)
     }
 
     /// Replace the population; returns the new snapshot number. `base` is
@@ -297,9 +300,13 @@ impl PyDataset {
     }
 
     /// The active snapshot as a table for the `datafusion` Python package.
-    fn datafusion_table(&self) -> PyResult<crate::ffi::PyTableProvider> {
+    fn datafusion_table(&self, py: Python<'_>) -> PyResult<crate::ffi::PyTableProvider> {
         let partitions = datasetrt::threads();
-        let table = datasetrt::query::metadata_table(&self.inner.snapshot(), partitions).py()?;
+        let snapshot = self.inner.snapshot();
+        let table = detach(py, || {
+            datasetrt::query::metadata_table(&snapshot, partitions)
+        })?
+        .py()?;
         Ok(crate::ffi::PyTableProvider { provider: table })
     }
 

@@ -36,3 +36,21 @@ def test_every_damaged_record_and_snapshot_file_is_reported(tmp_path, source):
     paths = set(report["path"].to_list())
     assert str(shard) in paths and str(newest) in paths
     assert any("sample 3" in m or "record 3" in m for m in report["message"]), report
+
+
+def test_a_damaged_chunk_table_is_reported_and_reads_stay_right(tmp_path, source):
+    """A column's chunk table (`<hash>.arrow.chunks`) that no longer
+    describes its file is ignored by readers (they check the file whole, and
+    read the right rows) and reported by verify, naming the table."""
+    ds = drt.build(
+        tmp_path, [source("tables-v1", 30, payload=lambda i: bytes([i]) * 8)], progress=False
+    )
+    expected = ds.get_metadata()
+    table = next((ds.snapshot_path.parent / "columns").glob("*.arrow.chunks"))
+    flip(table, 33)  # a chunk checksum (after the 32-byte header): the seal no longer matches
+    again = drt.open(tmp_path)
+    assert again.get_metadata().equals(expected)
+    report = again.verify()
+    assert report["path"].to_list() == [str(table)], report
+    assert report["kind"].to_list() == ["CorruptCacheError"]
+    assert "chunk table" in report["message"][0]

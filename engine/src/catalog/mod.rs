@@ -602,8 +602,14 @@ impl Dataset {
         if let Err(e) = self.tags() {
             problems.push(e);
         }
+        let mut tables = std::collections::HashSet::new();
         for &n in &numbers {
             problems.extend(snapshot::verify_files(&self.snapshot_dir, n));
+            problems.extend(snapshot::verify_chunk_tables(
+                &self.snapshot_dir,
+                n,
+                &mut tables,
+            ));
             done += 1;
             progress(done, total);
         }

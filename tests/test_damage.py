@@ -447,6 +447,18 @@ def test_outcome_counts(outcomes):
             assert by_kind[kind]["detected"] >= len(DAMAGES) // 2, (kind, by_kind[kind])
 
 
+def run_child(code: str, root: Path) -> str:
+    """What `code` prints, run by a fresh process on dataset `root`."""
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
 OPEN_CHILD = r"""
 import sys
 import datasetrt as drt
@@ -466,14 +478,7 @@ def test_column_files_are_checked_once_per_host_and_again_after_any_change(tmp_p
     modification time put back, is checked again."""
 
     def open_in_child() -> str:
-        out = subprocess.run(
-            [sys.executable, "-c", OPEN_CHILD, str(root)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        )
-        return out.stdout.strip()
+        return run_child(OPEN_CHILD, root)
 
     def recorded(column: Path) -> list[str]:
         st = column.stat()
@@ -562,14 +567,7 @@ def test_a_damaged_chunk_fails_only_the_reads_that_need_it(tmp_path):
     damaged.write_bytes(bytes(data))
     os.replace(damaged, victim)
 
-    out = subprocess.run(
-        [sys.executable, "-c", LAZY_CHILD, str(root)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    result = json.loads(out.stdout)
+    result = json.loads(run_child(LAZY_CHILD, root))
     assert result["rows"] == rows
     sample_ids = frame["sample_id"].to_list()
     drawn_pairs = result["replacement"]

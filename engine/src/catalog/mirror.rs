@@ -169,7 +169,10 @@ impl Mirror {
                         }
                     }
                     if fetched {
-                        if let Some(e) = snapshot::verify_files(&dir, number).into_iter().next() {
+                        if let Some(e) = snapshot::verify_files(&dir, number, None)
+                            .into_iter()
+                            .next()
+                        {
                             return Err(e);
                         }
                         // chunk tables are made here, not fetched: readers

@@ -496,7 +496,7 @@ impl Dataset {
             .filter_map(|d| d.strip_prefix(snapshot::COLUMNS_DIR)?.strip_prefix('/'))
             .filter_map(|name| name.strip_suffix(".arrow"))
             .collect();
-        if let Some(Ok(records)) = snapshot::verified_dir().map(std::fs::read_dir) {
+        if let Some(Ok(records)) = crate::store::chunks::verified_dir().map(std::fs::read_dir) {
             for record in records.flatten() {
                 let name = record.file_name().to_string_lossy().into_owned();
                 if gone.contains(name.split('.').next().unwrap_or_default()) {
@@ -604,11 +604,10 @@ impl Dataset {
         }
         let mut tables = std::collections::HashSet::new();
         for &n in &numbers {
-            problems.extend(snapshot::verify_files(&self.snapshot_dir, n));
-            problems.extend(snapshot::verify_chunk_tables(
+            problems.extend(snapshot::verify_files(
                 &self.snapshot_dir,
                 n,
-                &mut tables,
+                Some(&mut tables),
             ));
             done += 1;
             progress(done, total);

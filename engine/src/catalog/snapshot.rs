@@ -73,9 +73,6 @@ struct Column {
     /// The decoded array: at open for the columns the loader reads
     /// (identities, weights), on first use for the others.
     array: OnceLock<ArrayRef>,
-    /// Where a fixed-width array's values start in the file (`None`: the
-    /// decoder copied them out of the mapping).
-    values_at: OnceLock<Option<usize>>,
 }
 
 /// Threads that check a column file's chunks when it is read whole.
@@ -101,28 +98,19 @@ impl Column {
         Ok(self.array.get_or_init(|| array))
     }
 
-    /// The decoded array, for reads that check what they read ([`Self::check`]).
-    fn decoded(&self) -> &ArrayRef {
-        self.array.get().expect("decoded on open")
-    }
-
-    /// Check the bytes of values `rows` of this fixed-width column (`width`
-    /// bytes each) before they are read.
+    /// Check value `row` of `values` (this column's decoded Int64 values)
+    /// before it is read.
     #[inline]
-    fn check(&self, rows: std::ops::Range<usize>, width: usize) -> Result<()> {
+    fn check(&self, values: &ScalarBuffer<i64>, row: usize) -> Result<()> {
         let Some(chunks) = &self.chunks else {
             return Ok(());
         };
-        let at = *self.values_at.get_or_init(|| {
-            let values = self.decoded().to_data().buffers()[0].as_ptr() as usize;
-            let base = self.buffer.as_ptr() as usize;
-            (base..base + self.buffer.len())
-                .contains(&values)
-                .then(|| values - base)
-        });
-        match at {
-            Some(start) => chunks.check(start + rows.start * width..start + rows.end * width),
-            None => chunks.check_all(check_threads()),
+        let at = (values.inner().as_ptr() as usize).wrapping_sub(self.buffer.as_ptr() as usize);
+        if at < self.buffer.len() {
+            chunks.check(at + row * 8..at + row * 8 + 8)
+        } else {
+            // the decoder copied the values out of the mapping: check it all
+            chunks.check_all(check_threads())
         }
     }
 }
@@ -165,7 +153,6 @@ fn open_column(dir: &Path, entry: &ColumnEntry) -> Result<(Field, Column)> {
                 buffer,
                 chunks: Some(check),
                 array: OnceLock::new(),
-                values_at: OnceLock::new(),
             };
             (schema, column)
         }
@@ -180,7 +167,6 @@ fn open_column(dir: &Path, entry: &ColumnEntry) -> Result<(Field, Column)> {
                 file,
                 buffer,
                 chunks: None,
-                values_at: OnceLock::new(),
             };
             (schema, column)
         }
@@ -251,6 +237,8 @@ fn column_field(field: &Field) -> Field {
 
 /// A stored column file: content hash, CRC-32C and length of the file.
 type StoredColumn = (String, u32, u64);
+/// CRC-32C and length of a stored file.
+type StoredChecksums = (u32, u64);
 
 /// Make sure every column of `batch` is stored under `dir/columns`; return
 /// each column's file in order. Columns already stored are not written
@@ -271,8 +259,13 @@ fn store_columns(
             .iter()
             .find(|c| c.hash == hash)
             .and_then(|c| Some((c.crc?, c.len?)));
-        let file_crc =
-            |path: &Path| crate::store::checksum::crc32c_file(path).map_err(Error::io(path));
+        // the checksums of a file on disk, taken in one read that also
+        // gives its chunk table
+        let from_disk = |path: &Path| -> Result<StoredChecksums> {
+            let table = ChunkTable::of_file(path).map_err(Error::io(path))?;
+            table.write_sidecar(path)?;
+            Ok((table.file_crc, table.file_len))
+        };
         let (crc, len) = match from_parent {
             Some(found) if path.exists() => found,
             // A file no parent vouches for (after a checkout back, or a
@@ -288,7 +281,7 @@ fn store_columns(
                         "snapshot column file does not hold the column its name promises",
                     ));
                 }
-                file_crc(&path)?
+                from_disk(&path)?
             }
             _ => {
                 let schema = Arc::new(Schema::new(vec![column_field(field)]));
@@ -310,7 +303,7 @@ fn store_columns(
                     chunks::record_checked(&path, chunks::chunk_count(written.len));
                     (written.crc, written.len)
                 } else {
-                    file_crc(&path)? // an equal column another writer stored meanwhile
+                    from_disk(&path)? // an equal column another writer stored meanwhile
                 }
             }
         };
@@ -458,22 +451,6 @@ fn mark_verified(file: &Path) {
     }
 }
 
-/// Where the host records that a version of column file `file` passed its
-/// whole check, so that the other processes of the host (ranks, DataLoader
-/// workers, notebooks) skip reading it: an empty file named by
-/// [`chunks::host_key`] (files with a chunk table keep a bitmap of checked
-/// chunks there instead, see [`ChunkCheck`]). Made only after a check that
-/// read the file.
-fn host_record(file: &Path) -> Option<PathBuf> {
-    chunks::host_key(file)
-}
-
-/// The host's records of verified column files, if there is shared memory
-/// to keep them in.
-pub fn verified_dir() -> Option<PathBuf> {
-    chunks::verified_dir()
-}
-
 /// Make the host's `record` that a file passed its check. Best effort: a
 /// directory this process cannot write keeps the check per process.
 fn record_for_host(record: &Path) {
@@ -486,7 +463,10 @@ fn record_for_host(record: &Path) {
 /// Check a column file against its manifest entry: the mapped length, then
 /// the CRC-32C of the file read (not of the mapping; see `crc32c_file`) —
 /// once per version of the file per process, and not at all when another
-/// process of the host checked this version (`host_record`).
+/// process of the host checked this version: the host's record is an empty
+/// file named by [`chunks::host_key`] (files with a chunk table keep a bitmap
+/// of checked chunks there instead, see [`ChunkCheck`]), made only after a
+/// check that read the file.
 fn verify_column(file: &Path, mapped_len: usize, entry: &ColumnEntry) -> Result<()> {
     let (Some(crc), Some(len)) = (entry.crc, entry.len) else {
         return Ok(()); // a version-1 manifest: nothing to check against
@@ -508,7 +488,7 @@ fn verify_column(file: &Path, mapped_len: usize, entry: &ColumnEntry) -> Result<
     }
     // the record names the version about to be read: one changed meanwhile
     // gets no record
-    let record = host_record(file);
+    let record = chunks::host_key(file);
     if record.as_deref().is_some_and(Path::exists) {
         mark_verified(file);
         return Ok(());
@@ -596,8 +576,18 @@ pub fn publish(
 
 /// Every problem of snapshot `number`'s manifest and column files, each file
 /// read and checked in full (the per-process cache of verified files is not
-/// consulted).
-pub fn verify_files(dir: &Path, number: u64) -> Vec<Error> {
+/// consulted). With `tables`, also every chunk table (`<hash>.arrow.chunks`)
+/// of a good column file that is present but does not describe it: damaged,
+/// stale, or with chunk checksums the file does not have. Readers ignore a
+/// table that does not match the manifest (they check the file whole), but
+/// one sealed with wrong chunk checksums would fail reads of a good file. A
+/// missing table is no problem (the file is checked whole). Tables in
+/// `tables` are skipped and added there (snapshots share columns).
+pub fn verify_files(
+    dir: &Path,
+    number: u64,
+    mut tables: Option<&mut std::collections::HashSet<PathBuf>>,
+) -> Vec<Error> {
     let manifest = match read_manifest(dir, number) {
         Ok(m) => m,
         Err(e) => return vec![e],
@@ -625,6 +615,11 @@ pub fn verify_files(dir: &Path, number: u64) -> Vec<Error> {
                             ),
                         ))
                     }
+                    (Some(crc), Some(len)) => {
+                        if let Some(seen) = tables.as_deref_mut() {
+                            problems.extend(check_table(&file, &bytes, len, crc, seen));
+                        }
+                    }
                     _ => {}
                 }
                 ipc::decode(&file, arrow::buffer::Buffer::from_vec(bytes)).map(|_| ())
@@ -636,50 +631,29 @@ pub fn verify_files(dir: &Path, number: u64) -> Vec<Error> {
     problems
 }
 
-/// Every chunk table (`<hash>.arrow.chunks`) of snapshot `number`'s column
-/// files that is present but does not describe its file: damaged, stale, or
-/// with chunk checksums the file does not have. Readers ignore a table that
-/// does not match the manifest (they check the file whole), but one sealed
-/// with wrong chunk checksums would fail reads of a good file. Tables in
-/// `seen` are skipped and added there (snapshots share columns). A missing
-/// table is no problem: the file is checked whole.
-pub fn verify_chunk_tables(
-    dir: &Path,
-    number: u64,
+/// The problem of good column file `file` (its `bytes`, of length `len` and
+/// CRC-32C `crc`) with its chunk table, if the table is present, not in
+/// `seen`, and does not describe it.
+fn check_table(
+    file: &Path,
+    bytes: &[u8],
+    len: u64,
+    crc: u32,
     seen: &mut std::collections::HashSet<PathBuf>,
-) -> Vec<Error> {
-    let Ok(manifest) = read_manifest(dir, number) else {
-        return Vec::new(); // verify_files reports the manifest
-    };
-    let mut problems = Vec::new();
-    for entry in &manifest.columns {
-        let (Some(crc), Some(len)) = (entry.crc, entry.len) else {
-            continue;
-        };
-        let file = dir.join(COLUMNS_DIR).join(format!("{}.arrow", entry.hash));
-        let table = ChunkTable::sidecar(&file);
-        if !seen.insert(table.clone()) {
-            continue;
-        }
-        let Ok(bytes) = std::fs::read(&table) else {
-            continue;
-        };
-        let describes = match ChunkTable::decode(&bytes, len, crc) {
-            None => false,
-            Some(table) => match ChunkTable::of_file(&file) {
-                Ok(real) if (real.file_len, real.file_crc) == (len, crc) => real == table,
-                // the column file itself is damaged or gone: verify_files says so
-                _ => true,
-            },
-        };
-        if !describes {
-            problems.push(Error::corrupt(
-                &table,
-                format!("chunk table does not describe its column file {} (readers then check that file whole; an update that keeps the column writes a new table)", file.display()),
-            ));
-        }
+) -> Option<Error> {
+    let table = ChunkTable::sidecar(file);
+    if !seen.insert(table.clone()) {
+        return None;
     }
-    problems
+    let stored = std::fs::read(&table).ok()?;
+    let describes =
+        ChunkTable::decode(&stored, len, crc).is_some_and(|t| t.crcs == chunks::chunk_crcs(bytes));
+    (!describes).then(|| {
+        Error::corrupt(
+            &table,
+            format!("chunk table does not describe its column file {} (readers then check that file whole; an update that keeps the column writes a new table)", file.display()),
+        )
+    })
 }
 
 /// The column hashes a snapshot manifest names (checksum verified).
@@ -818,7 +792,7 @@ impl Snapshot {
             return Err(bad("more rows than a snapshot can hold".into()));
         }
         let values = |at: usize| {
-            let array: &ArrayRef = columns[at].decoded();
+            let array: &ArrayRef = columns[at].array.get().expect("decoded above");
             array.as_primitive::<Int64Type>().values().clone()
         };
         Ok(Snapshot {
@@ -904,8 +878,8 @@ impl Snapshot {
             &self.columns[self.cache_col],
             &self.columns[self.sample_col],
         );
-        ids.check(row..row + 1, 8)?;
-        samples.check(row..row + 1, 8)?;
+        ids.check(&self.ids, row)?;
+        samples.check(&self.samples, row)?;
         Ok((self.ids[row], self.samples[row]))
     }
 

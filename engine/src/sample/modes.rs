@@ -243,6 +243,10 @@ impl EpochSampler {
 mod tests {
     use super::*;
 
+    fn sampler(sampling: Sampling, w: &[f64], seed: u64, epoch: u64, len: u64) -> EpochSampler {
+        EpochSampler::new(sampling, w.len(), &|| Ok(w), None, seed, epoch, len).unwrap()
+    }
+
     #[test]
     fn permutations_are_bijections_for_awkward_sizes() {
         for n in [1u64, 2, 3, 5, 17, 1000, 4097] {
@@ -259,26 +263,8 @@ mod tests {
     #[test]
     fn permutation_covers_every_row_once_and_epochs_differ() {
         let w = vec![1.0; 300];
-        let s0 = EpochSampler::new(
-            Sampling::Permutation,
-            w.len(),
-            &|| Ok(&w[..]),
-            None,
-            9,
-            0,
-            300,
-        )
-        .unwrap();
-        let s1 = EpochSampler::new(
-            Sampling::Permutation,
-            w.len(),
-            &|| Ok(&w[..]),
-            None,
-            9,
-            1,
-            300,
-        )
-        .unwrap();
+        let s0 = sampler(Sampling::Permutation, &w, 9, 0, 300);
+        let s1 = sampler(Sampling::Permutation, &w, 9, 1, 300);
         let mut rows: Vec<u32> = (0..300).map(|k| s0.row(k).unwrap()).collect();
         let first = rows.clone();
         rows.sort_unstable();
@@ -298,16 +284,7 @@ mod tests {
         let total: f64 = w.iter().sum();
         for len in [50u64, 97, 1000, 1234] {
             for seed in 0..5 {
-                let s = EpochSampler::new(
-                    Sampling::Balanced,
-                    w.len(),
-                    &|| Ok(&w[..]),
-                    None,
-                    seed,
-                    3,
-                    len,
-                )
-                .unwrap();
+                let s = sampler(Sampling::Balanced, &w, seed, 3, len);
                 let mut counts = vec![0u64; w.len()];
                 for k in 0..len {
                     counts[s.row(k).unwrap() as usize] += 1;
@@ -326,16 +303,7 @@ mod tests {
     #[test]
     fn weighted_without_replacement_never_repeats_and_skips_zero_weights() {
         let w = [3.0, 0.0, 1.0, 2.0, 0.0, 5.0];
-        let s = EpochSampler::new(
-            Sampling::WeightedWithoutReplacement,
-            w.len(),
-            &|| Ok(&w[..]),
-            None,
-            1,
-            0,
-            4,
-        )
-        .unwrap();
+        let s = sampler(Sampling::WeightedWithoutReplacement, &w, 1, 0, 4);
         let mut rows: Vec<u32> = (0..4).map(|k| s.row(k).unwrap()).collect();
         rows.sort_unstable();
         assert_eq!(rows, vec![0, 2, 3, 5]);
@@ -352,18 +320,9 @@ mod tests {
         let w = [1.0, 9.0];
         let firsts = (0..2000)
             .filter(|&seed| {
-                EpochSampler::new(
-                    Sampling::WeightedWithoutReplacement,
-                    w.len(),
-                    &|| Ok(&w[..]),
-                    None,
-                    seed,
-                    0,
-                    2,
-                )
-                .unwrap()
-                .row(0)
-                .unwrap()
+                sampler(Sampling::WeightedWithoutReplacement, &w, seed, 0, 2)
+                    .row(0)
+                    .unwrap()
                     == 1
             })
             .count();

@@ -42,8 +42,8 @@ pub struct PyDataset {
 /// `snapshot` whole as an Arrow table over the mapped files; the check of
 /// every chunk not yet checked on this host runs without the GIL.
 fn table(py: Python<'_>, snapshot: &Snapshot) -> PyResult<PyTable> {
-    let batch = detach(py, || snapshot.batch().cloned())?.py()?;
-    PyTable::try_new(vec![batch], snapshot.schema())
+    let batches = detach(py, || snapshot.batches().map(<[_]>::to_vec))?.py()?;
+    PyTable::try_new(batches, snapshot.schema())
 }
 
 impl PyDataset {
@@ -92,6 +92,7 @@ impl PyDataset {
                 OpenOptions {
                     snapshot_dir,
                     remote,
+                    partition_rows: None,
                 },
             )
         })?

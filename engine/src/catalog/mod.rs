@@ -39,6 +39,9 @@ pub struct OpenOptions {
     /// How to reach paths that are URLs (`s3://...`), and where their local
     /// replicas live.
     pub remote: RemoteOptions,
+    /// Rows per partition of the snapshots this dataset writes (default:
+    /// [`snapshot::default_partition_rows`]).
+    pub partition_rows: Option<usize>,
 }
 
 /// Caches plus the active metadata snapshot.
@@ -49,6 +52,8 @@ pub struct Dataset {
     active: RwLock<Arc<Snapshot>>,
     /// The bucket that holds the snapshots, for a dataset of remote caches.
     mirror: Option<mirror::Mirror>,
+    /// Rows per partition of the snapshots this dataset writes.
+    partition_rows: usize,
 }
 
 /// Find the caches a path names: the path itself when it is a cache directory,
@@ -111,6 +116,9 @@ impl Dataset {
         if paths.is_empty() {
             return Err(Error::invalid("open() needs at least one path"));
         }
+        let partition_rows = options
+            .partition_rows
+            .unwrap_or_else(snapshot::default_partition_rows);
         let mut by_id: BTreeMap<i64, Arc<Cache>> = BTreeMap::new();
         for path in paths {
             let opened: Vec<Cache> = match path.to_str().filter(|p| remote::is_url(p)) {
@@ -191,6 +199,11 @@ impl Dataset {
             Some(n) => Snapshot::open(&snapshot_dir, n)?,
             None => {
                 let initial = initial_population(&caches)?;
+                let initial = snapshot::Partitioned::new(
+                    &initial.schema(),
+                    std::slice::from_ref(&initial),
+                    partition_rows,
+                )?;
                 let guard = commit::lock(&snapshot_dir)?;
                 let number = match commit::read_head(&snapshot_dir)? {
                     Some(n) => n, // another process created it meanwhile
@@ -230,6 +243,7 @@ impl Dataset {
             snapshot_dir,
             active: RwLock::new(Arc::new(snapshot)),
             mirror,
+            partition_rows,
         })
     }
 
@@ -318,8 +332,31 @@ impl Dataset {
         base: Option<u64>,
         force: bool,
     ) -> Result<Arc<Snapshot>> {
-        let batch = validate::validate_update(&self.caches, schema, batches)?;
-        let base = base.unwrap_or_else(|| self.snapshot().number());
+        let (schema, batches) = validate::normalize(schema, batches)?;
+        let population = snapshot::Partitioned::new(&schema, &batches, self.partition_rows)?;
+        drop(batches);
+        // Identities are checked per partition, except where a partition's
+        // identity columns are the active snapshot's (checked when written):
+        // a reweight reads only its weights.
+        let active = self.snapshot();
+        let checked = active.identity_hashes();
+        let mut total = 0.0;
+        let mut first_row = 0;
+        for (i, batch) in population.batches().iter().enumerate() {
+            let known = match (
+                population.hash(i, "cache_id"),
+                population.hash(i, "sample_id"),
+            ) {
+                (Some(ids), Some(samples)) => checked.contains(&(ids, samples)),
+                _ => false,
+            };
+            total += validate::check_rows(&self.caches, batch, first_row, !known)?;
+            first_row += batch.num_rows();
+        }
+        validate::check_total(population.num_rows(), total)?;
+        drop(checked);
+        let base = base.unwrap_or_else(|| active.number());
+        drop(active);
         // The commit lock first, the active snapshot only to swap it: readers
         // of `snapshot()` never wait for another process's commit.
         let guard = commit::lock(&self.snapshot_dir)?;
@@ -337,7 +374,7 @@ impl Dataset {
         let next = Self::list_in(&self.snapshot_dir)?
             .last()
             .map_or(0, |n| n + 1);
-        let number = snapshot::publish(&self.snapshot_dir, &batch, next, note, Some(head))?;
+        let number = snapshot::publish(&self.snapshot_dir, &population, next, note, Some(head))?;
         let snapshot = Arc::new(Snapshot::open(&self.snapshot_dir, number)?);
         commit::write_head(&self.snapshot_dir, number, &guard)?;
         if self.mirror.is_none() {

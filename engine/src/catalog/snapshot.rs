@@ -7,6 +7,7 @@
 //! the new `weight` column. Every file is mapped read-only and shared by every
 //! process that opens it.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -17,35 +18,34 @@ use arrow::buffer::ScalarBuffer;
 use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef};
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::sample::{AliasTable, DrawPlan, EpochSampler, Sampling};
+use crate::sample::{AliasTable, DrawPlan, EpochSampler, Sampling, Weights};
 use crate::store::checksum::{crc32c, open_sealed_text, seal_text};
 use crate::store::chunks::{self, ChunkCheck, ChunkTable};
 use crate::store::{fs, ipc, CacheSet};
 use crate::{Error, Result};
 
 const HEADER: &str = "datasetrt-snapshot";
-/// Version 2 adds per-column checksums and lengths, `parent`, and escaping.
-const VERSION: u32 = 2;
+/// Version 2 adds per-column checksums and lengths, `parent`, and escaping;
+/// version 3 partitions (`partition=<rows>` before each partition's columns).
+const VERSION: u32 = 3;
 pub const COLUMNS_DIR: &str = "columns";
 
-/// One immutable population: `cache_id`, `sample_id`, user columns, `weight`.
+/// One immutable population: `cache_id`, `sample_id`, user columns, `weight`,
+/// stored as an ordered list of partitions (each its own column files).
 #[derive(Debug)]
 pub struct Snapshot {
     number: u64,
     path: PathBuf,
     schema: SchemaRef,
     rows: usize,
-    columns: Vec<Column>,
-    /// Positions in `columns` of `cache_id`, `sample_id` and `weight`.
+    partitions: Vec<Partition>,
+    /// Positions in each partition's `columns` of `cache_id`, `sample_id`
+    /// and `weight`.
     cache_col: usize,
     sample_col: usize,
     weight_col: usize,
-    /// The values of `cache_id` and `sample_id`, for reads that check them
-    /// first (`identity`).
-    ids: ScalarBuffer<i64>,
-    samples: ScalarBuffer<i64>,
-    /// Every column, each checked in full (built on first use).
-    batch: OnceLock<RecordBatch>,
+    /// Every partition as one batch, every chunk checked (built on first use).
+    batches: OnceLock<Vec<RecordBatch>>,
     fingerprint: String,
     note: String,
     created_unix_ms: u64,
@@ -56,8 +56,23 @@ pub struct Snapshot {
     /// a loader's draws and its read-ahead walk the same epoch, and a sorted
     /// order (weighted without replacement, balanced) is built once for both.
     samplers: Mutex<Vec<(SamplerKey, EpochSampler)>>,
-    /// Content hash of the weight column (names the shared alias table file).
+    /// Names the shared alias table file: the weight column's content hash
+    /// (one partition) or a hash of every partition's weight hash.
     weight_hash: String,
+}
+
+/// Rows `start .. start + rows` of a snapshot: one column file per column.
+#[derive(Debug)]
+struct Partition {
+    start: usize,
+    rows: usize,
+    columns: Vec<Column>,
+    /// The content hash of each column file, as the manifest names it.
+    hashes: Vec<String>,
+    /// The values of `cache_id` and `sample_id`, for reads that check them
+    /// first (`identity`).
+    ids: ScalarBuffer<i64>,
+    samples: ScalarBuffer<i64>,
 }
 
 /// One mapped column file of a snapshot and how its bytes are checked.
@@ -240,25 +255,30 @@ type StoredColumn = (String, u32, u64);
 /// CRC-32C and length of a stored file.
 type StoredChecksums = (u32, u64);
 
-/// Make sure every column of `batch` is stored under `dir/columns`; return
-/// each column's file in order. Columns already stored are not written
-/// again; their checksums come from `known` (the parent's manifest) or, for
-/// a file no parent names, from reading it once.
+/// Make sure every column of `batch` (whose content hashes are `hashes`)
+/// is stored under `dir/columns`; return each column's file in order.
+/// Columns already stored are not written again; their checksums come from
+/// `known` (the parent's manifest and the partitions stored before this
+/// one) or, for a file nothing vouches for, from reading it once.
 fn store_columns(
     dir: &Path,
     batch: &RecordBatch,
-    known: &[ColumnEntry],
+    hashes: &[String],
+    known: &HashMap<String, StoredChecksums>,
 ) -> Result<Vec<StoredColumn>> {
     let columns_dir = dir.join(COLUMNS_DIR);
     std::fs::create_dir_all(&columns_dir).map_err(Error::io(&columns_dir))?;
     let mut stored = Vec::with_capacity(batch.num_columns());
-    for (field, array) in batch.schema().fields().iter().zip(batch.columns()) {
-        let hash = column_hash(field, array);
+    for ((field, array), hash) in batch
+        .schema()
+        .fields()
+        .iter()
+        .zip(batch.columns())
+        .zip(hashes)
+    {
+        let hash = hash.clone();
         let path = columns_dir.join(format!("{hash}.arrow"));
-        let from_parent = known
-            .iter()
-            .find(|c| c.hash == hash)
-            .and_then(|c| Some((c.crc?, c.len?)));
+        let from_parent = known.get(&hash).copied();
         // the checksums of a file on disk, taken in one read that also
         // gives its chunk table
         let from_disk = |path: &Path| -> Result<StoredChecksums> {
@@ -334,7 +354,7 @@ fn ensure_sidecar(path: &Path, len: u64, crc: u32) -> Result<()> {
 /// Give every column file of snapshot `number` in `dir` its chunk table
 /// (see `ensure_sidecar`), so that readers check it chunk by chunk.
 pub fn ensure_sidecars(dir: &Path, number: u64) -> Result<()> {
-    for entry in read_manifest(dir, number)?.columns {
+    for entry in read_manifest(dir, number)?.columns() {
         if let (Some(crc), Some(len)) = (entry.crc, entry.len) {
             let file = dir.join(COLUMNS_DIR).join(format!("{}.arrow", entry.hash));
             ensure_sidecar(&file, len, crc)?;
@@ -343,15 +363,169 @@ pub fn ensure_sidecars(dir: &Path, number: u64) -> Result<()> {
     Ok(())
 }
 
-fn fingerprint(rows: usize, names: &[String], hashes: &[String]) -> String {
+/// xxh3-128 over rows, column names and column contents. One partition
+/// gives the fingerprint snapshots had before partitions; several add each
+/// partition's rows.
+fn fingerprint(rows: usize, names: &[String], partitions: &[(usize, &[String])]) -> String {
     let mut h = Xxh3::new();
     h.update(&(rows as u64).to_le_bytes());
-    for (name, hash) in names.iter().zip(hashes) {
-        h.update(name.as_bytes());
-        h.update(b"\0");
-        h.update(hash.as_bytes());
+    for (part_rows, hashes) in partitions {
+        if partitions.len() > 1 {
+            h.update(b"partition");
+            h.update(&(*part_rows as u64).to_le_bytes());
+        }
+        for (name, hash) in names.iter().zip(hashes.iter()) {
+            h.update(name.as_bytes());
+            h.update(b"\0");
+            h.update(hash.as_bytes());
+        }
     }
     format!("{:032x}", h.digest128())
+}
+
+/// Rows per partition a writer cuts a population into, unless told
+/// otherwise: `DATASETRT_PARTITION_ROWS`, else 2^22 (a 32 MiB weight column
+/// per partition: an update that changes a few partitions writes only
+/// those). Readers take any partitioning.
+pub fn default_partition_rows() -> usize {
+    std::env::var("DATASETRT_PARTITION_ROWS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or(1 << 22)
+}
+
+/// A new population cut into partitions, each column of each hashed: what
+/// `publish` stores.
+#[derive(Debug)]
+pub struct Partitioned {
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+    /// Per partition, the content hash of each column.
+    hashes: Vec<Vec<String>>,
+    rows: usize,
+}
+
+impl Partitioned {
+    /// Cut `batches` (of `schema`) into partitions of `per` rows (the last
+    /// may be shorter). A partition that is exactly one of `batches` keeps
+    /// its arrays; one cut from several, or from part of one, is copied
+    /// into fresh arrays (so that its hash and file hold only its rows).
+    pub fn new(schema: &SchemaRef, batches: &[RecordBatch], per: usize) -> Result<Partitioned> {
+        let per = per.max(1);
+        let mut parts = Vec::new();
+        // the pieces of the partition being cut, and whether the one piece
+        // is a whole batch as given
+        let mut pending: Vec<RecordBatch> = Vec::new();
+        let mut whole = false;
+        let mut pending_rows = 0;
+        let flush = |pending: &mut Vec<RecordBatch>, whole: bool| -> Result<RecordBatch> {
+            let part = match pending.as_slice() {
+                [one] if whole && !is_slice(one) => one.clone(),
+                _ => compact(schema, pending)?,
+            };
+            pending.clear();
+            Ok(part)
+        };
+        for batch in batches {
+            let mut at = 0;
+            while at < batch.num_rows() {
+                let take = (per - pending_rows).min(batch.num_rows() - at);
+                whole = pending.is_empty() && take == batch.num_rows();
+                pending.push(batch.slice(at, take));
+                pending_rows += take;
+                at += take;
+                if pending_rows == per {
+                    parts.push(flush(&mut pending, whole)?);
+                    pending_rows = 0;
+                }
+            }
+        }
+        if pending_rows > 0 {
+            parts.push(flush(&mut pending, whole)?);
+        }
+        let hashes = hash_partitions(&parts);
+        Ok(Partitioned {
+            schema: schema.clone(),
+            rows: parts.iter().map(|p| p.num_rows()).sum(),
+            batches: parts,
+            hashes,
+        })
+    }
+
+    pub fn num_rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The partitions, in row order.
+    pub fn batches(&self) -> &[RecordBatch] {
+        &self.batches
+    }
+
+    /// The content hash of column `name` in partition `part`.
+    pub fn hash(&self, part: usize, name: &str) -> Option<&str> {
+        let at = self.schema.index_of(name).ok()?;
+        Some(self.hashes.get(part)?.get(at)?.as_str())
+    }
+}
+
+/// Whether any array of `batch` starts past its buffers' first value (a
+/// slice, whose hash would cover bytes outside it).
+fn is_slice(batch: &RecordBatch) -> bool {
+    batch.columns().iter().any(|c| {
+        let data = c.to_data();
+        data.offset() != 0 || data.nulls().is_some_and(|n| n.offset() != 0)
+    })
+}
+
+/// `pieces` (of `schema`) as one batch of fresh arrays that start at 0.
+fn compact(schema: &SchemaRef, pieces: &[RecordBatch]) -> Result<RecordBatch> {
+    use arrow::array::{make_array, MutableArrayData};
+    let rows: usize = pieces.iter().map(|p| p.num_rows()).sum();
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    for i in 0..schema.fields().len() {
+        let data: Vec<ArrayData> = pieces.iter().map(|p| p.column(i).to_data()).collect();
+        let mut out = MutableArrayData::new(data.iter().collect(), false, rows);
+        for (k, d) in data.iter().enumerate() {
+            out.try_extend(k, 0, d.len())?;
+        }
+        columns.push(make_array(out.freeze()));
+    }
+    Ok(RecordBatch::try_new(schema.clone(), columns)?)
+}
+
+/// The content hash of every column of every partition, partitions hashed
+/// on `crate::threads()` threads.
+fn hash_partitions(parts: &[RecordBatch]) -> Vec<Vec<String>> {
+    let hash = |batch: &RecordBatch| -> Vec<String> {
+        batch
+            .schema()
+            .fields()
+            .iter()
+            .zip(batch.columns())
+            .map(|(f, a)| column_hash(f, a))
+            .collect()
+    };
+    let threads = crate::threads().min(parts.len()).max(1);
+    if threads == 1 {
+        return parts.iter().map(hash).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut out: Vec<Option<Vec<String>>> = vec![None; parts.len()];
+    let done = Mutex::new(&mut out);
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(part) = parts.get(i) else { break };
+                let hashes = hash(part);
+                done.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(hashes);
+            });
+        }
+    });
+    out.into_iter()
+        .map(|h| h.expect("every partition hashed"))
+        .collect()
 }
 
 /// Percent-encode `%` and control characters so that any column name or note
@@ -402,6 +576,13 @@ pub struct ColumnEntry {
     pub len: Option<u64>,
 }
 
+/// One partition as a manifest names it: its rows and column files.
+#[derive(Debug, Clone)]
+pub struct PartitionEntry {
+    pub rows: usize,
+    pub columns: Vec<ColumnEntry>,
+}
+
 /// A parsed, checksum-verified snapshot manifest.
 #[derive(Debug, Clone)]
 pub struct Manifest {
@@ -412,9 +593,19 @@ pub struct Manifest {
     pub parent: Option<u64>,
     pub note: String,
     pub fingerprint: String,
-    pub columns: Vec<ColumnEntry>,
-    /// The manifest's format version (1: columns carry no checksum).
+    /// At least one; every partition names the same columns in the same
+    /// order (versions 1 and 2: one partition of every row).
+    pub partitions: Vec<PartitionEntry>,
+    /// The manifest's format version (1: columns carry no checksum; 3:
+    /// partitions).
     pub version: u32,
+}
+
+impl Manifest {
+    /// Every column file entry, partition after partition.
+    pub fn columns(&self) -> impl Iterator<Item = &ColumnEntry> {
+        self.partitions.iter().flat_map(|p| p.columns.iter())
+    }
 }
 
 /// What identifies one version of a file: path, length, modification time,
@@ -507,25 +698,37 @@ fn verify_column(file: &Path, mapped_len: usize, entry: &ColumnEntry) -> Result<
     Ok(())
 }
 
-/// Write `batch` as the first free snapshot number at or above `number`,
-/// created only if absent (a number another writer took is skipped, never
-/// overwritten). `parent` is the head it is committed on. Returns the number.
-/// The caller makes it the head (see `commit`).
+/// Write `population` as the first free snapshot number at or above
+/// `number`, created only if absent (a number another writer took is
+/// skipped, never overwritten). `parent` is the head it is committed on.
+/// Returns the number. The caller makes it the head (see `commit`). Only
+/// column files not stored yet are written: an update that changes a few
+/// partitions writes only their changed columns.
 pub fn publish(
     dir: &Path,
-    batch: &RecordBatch,
+    population: &Partitioned,
     number: u64,
     note: &str,
     parent: Option<u64>,
 ) -> Result<u64> {
-    let known = match parent {
-        Some(p) => read_manifest(dir, p).map(|m| m.columns).unwrap_or_default(),
-        None => Vec::new(),
-    };
-    let stored = store_columns(dir, batch, &known)?;
-    let hashes: Vec<String> = stored.iter().map(|(hash, _, _)| hash.clone()).collect();
-    let names: Vec<String> = batch
-        .schema()
+    let mut known: HashMap<String, StoredChecksums> = HashMap::new();
+    if let Some(manifest) = parent.and_then(|p| read_manifest(dir, p).ok()) {
+        for c in manifest.columns() {
+            if let (Some(crc), Some(len)) = (c.crc, c.len) {
+                known.insert(c.hash.clone(), (crc, len));
+            }
+        }
+    }
+    let mut stored = Vec::with_capacity(population.batches.len());
+    for (batch, hashes) in population.batches.iter().zip(&population.hashes) {
+        let columns = store_columns(dir, batch, hashes, &known)?;
+        for (hash, crc, len) in &columns {
+            known.insert(hash.clone(), (*crc, *len));
+        }
+        stored.push(columns);
+    }
+    let names: Vec<String> = population
+        .schema
         .fields()
         .iter()
         .map(|f| f.name().clone())
@@ -536,7 +739,7 @@ pub fn publish(
         .unwrap_or(0);
     let mut body = format!(
         "{HEADER} {VERSION}\nrows={}\ncreated_unix_ms={created}\n",
-        batch.num_rows()
+        population.rows
     );
     match parent {
         Some(p) => {
@@ -545,13 +748,22 @@ pub fn publish(
         None => body.push_str("parent=none\n"),
     }
     let _ = writeln!(body, "note={}", escape(note));
+    let parts: Vec<(usize, &[String])> = population
+        .batches
+        .iter()
+        .zip(&population.hashes)
+        .map(|(b, h)| (b.num_rows(), h.as_slice()))
+        .collect();
     let _ = writeln!(
         body,
         "fingerprint={}",
-        fingerprint(batch.num_rows(), &names, &hashes)
+        fingerprint(population.rows, &names, &parts)
     );
-    for (name, (hash, crc, len)) in names.iter().zip(&stored) {
-        let _ = writeln!(body, "column={hash} {crc:08x} {len} {}", escape(name));
+    for (batch, columns) in population.batches.iter().zip(&stored) {
+        let _ = writeln!(body, "partition={}", batch.num_rows());
+        for (name, (hash, crc, len)) in names.iter().zip(columns) {
+            let _ = writeln!(body, "column={hash} {crc:08x} {len} {}", escape(name));
+        }
     }
     let text = seal_text(&body);
 
@@ -593,7 +805,7 @@ pub fn verify_files(
         Err(e) => return vec![e],
     };
     let mut problems = Vec::new();
-    for entry in &manifest.columns {
+    for entry in manifest.columns() {
         let file = dir.join(COLUMNS_DIR).join(format!("{}.arrow", entry.hash));
         let checked = std::fs::read(&file)
             .map_err(|e| match e.kind() {
@@ -656,12 +868,14 @@ fn check_table(
     })
 }
 
-/// The column hashes a snapshot manifest names (checksum verified).
+/// The column hashes a snapshot manifest names (checksum verified), each
+/// once (partitions may share a file).
 pub fn manifest_columns(dir: &Path, number: u64) -> Result<Vec<String>> {
+    let mut seen = HashSet::new();
     Ok(read_manifest(dir, number)?
-        .columns
-        .into_iter()
-        .map(|c| c.hash)
+        .columns()
+        .filter(|c| seen.insert(c.hash.as_str()))
+        .map(|c| c.hash.clone())
         .collect())
 }
 
@@ -683,7 +897,14 @@ pub fn read_manifest(dir: &Path, number: u64) -> Result<Manifest> {
         parent: None,
         note: String::new(),
         fingerprint: String::new(),
-        columns: Vec::new(),
+        // before version 3, every column line belongs to the one partition
+        partitions: match version {
+            1 | 2 => vec![PartitionEntry {
+                rows: 0,
+                columns: Vec::new(),
+            }],
+            _ => Vec::new(),
+        },
         version,
     };
     let mut rows = None;
@@ -700,9 +921,19 @@ pub fn read_manifest(dir: &Path, number: u64) -> Result<Manifest> {
             "note" if version == 1 => manifest.note = value.to_string(),
             "note" => manifest.note = unescape(value).ok_or_else(bad_line)?,
             "fingerprint" => manifest.fingerprint = value.to_string(),
+            "partition" if version >= 3 => manifest.partitions.push(PartitionEntry {
+                rows: value.parse().map_err(|_| bad_line())?,
+                columns: Vec::new(),
+            }),
+            "column" if manifest.partitions.is_empty() => {
+                return Err(bad(format!(
+                    "column line {line:?} before any partition line"
+                )))
+            }
             "column" if version == 1 => {
                 let (hash, name) = value.split_once(' ').ok_or_else(bad_line)?;
-                manifest.columns.push(ColumnEntry {
+                let last = manifest.partitions.last_mut().expect("checked above");
+                last.columns.push(ColumnEntry {
                     hash: hash.to_string(),
                     name: name.to_string(),
                     crc: None,
@@ -713,7 +944,8 @@ pub fn read_manifest(dir: &Path, number: u64) -> Result<Manifest> {
                 let mut parts = value.splitn(4, ' ');
                 let mut next = || parts.next().ok_or_else(bad_line);
                 let (hash, crc, len, name) = (next()?, next()?, next()?, next()?);
-                manifest.columns.push(ColumnEntry {
+                let last = manifest.partitions.last_mut().expect("checked above");
+                last.columns.push(ColumnEntry {
                     hash: hash.to_string(),
                     crc: Some(u32::from_str_radix(crc, 16).map_err(|_| bad_line())?),
                     len: Some(len.parse().map_err(|_| bad_line())?),
@@ -724,8 +956,7 @@ pub fn read_manifest(dir: &Path, number: u64) -> Result<Manifest> {
         }
     }
     if let Some(entry) = manifest
-        .columns
-        .iter()
+        .columns()
         .find(|c| c.hash.len() != 32 || !c.hash.bytes().all(|b| b.is_ascii_hexdigit()))
     {
         return Err(bad(format!(
@@ -734,6 +965,36 @@ pub fn read_manifest(dir: &Path, number: u64) -> Result<Manifest> {
         )));
     }
     manifest.rows = rows.ok_or_else(|| bad("no rows line".into()))?;
+    if version < 3 {
+        manifest.partitions[0].rows = manifest.rows;
+        return Ok(manifest);
+    }
+    let Some(first) = manifest.partitions.first() else {
+        return Err(bad("no partition line".into()));
+    };
+    let names = |p: &PartitionEntry| p.columns.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
+    let first_names = names(first);
+    for (i, part) in manifest.partitions.iter().enumerate() {
+        if part.rows == 0 {
+            return Err(bad(format!("partition {i} has no rows")));
+        }
+        if names(part) != first_names {
+            return Err(bad(format!(
+                "partition {i} names columns {:?}, partition 0 {first_names:?}",
+                names(part)
+            )));
+        }
+    }
+    let sum = manifest
+        .partitions
+        .iter()
+        .try_fold(0usize, |sum, p| sum.checked_add(p.rows));
+    if sum != Some(manifest.rows) {
+        return Err(bad(format!(
+            "the partitions' rows do not add up to the rows line's {}",
+            manifest.rows
+        )));
+    }
     Ok(manifest)
 }
 
@@ -747,66 +1008,106 @@ impl Snapshot {
         (stem.len() == 8 && stem.bytes().all(|b| b.is_ascii_digit())).then(|| stem.parse().ok())?
     }
 
-    /// Read snapshot `number` from `dir`: check its manifest and map its
-    /// columns. A column file with a chunk table (its sidecar, see
-    /// `store::chunks`) is checked chunk by chunk as it is read, so opening
-    /// it checks only the bytes that locate its array; one without is
-    /// checked whole here (once per host). The columns the loader reads
-    /// (identities, weights) are decoded here, the others on first use.
+    /// Read snapshot `number` from `dir`: check its manifest and map the
+    /// column files of every partition. A column file with a chunk table
+    /// (its sidecar, see `store::chunks`) is checked chunk by chunk as it is
+    /// read, so opening it checks only the bytes that locate its array; one
+    /// without is checked whole here (once per host). The columns the
+    /// loader reads (identities, weights) are decoded here, the others on
+    /// first use.
     pub fn open(dir: &Path, number: u64) -> Result<Snapshot> {
         let path = dir.join(Self::file_name(number));
         let manifest = read_manifest(dir, number)?;
         let bad = |detail: String| Error::corrupt(&path, detail);
-        let mut fields = Vec::new();
-        let mut columns = Vec::new();
-        for entry in &manifest.columns {
-            let (field, column) = open_column(dir, entry)?;
-            fields.push(field);
-            columns.push(column);
+        if manifest.rows > u32::MAX as usize - 1 {
+            return Err(bad(format!(
+                "{} rows: a snapshot holds at most 2^32 - 2 rows until draws are two-level (docs/scale.md)",
+                manifest.rows
+            )));
         }
-        let position = |name: &str, ty: DataType| -> Result<usize> {
-            let at = manifest.columns.iter().position(|c| c.name == name);
-            match at {
-                Some(at) if *fields[at].data_type() == ty => {
-                    let column: &Column = &columns[at];
-                    let array = column.decode()?;
-                    if array.len() == manifest.rows && array.null_count() == 0 {
-                        return Ok(at);
-                    }
-                    Err(bad(format!(
-                        "column {name:?} has {} rows ({} null), the snapshot {}",
-                        array.len(),
-                        array.null_count(),
-                        manifest.rows
+        let first = &manifest.partitions[0];
+        let position = |name: &str| first.columns.iter().position(|c| c.name == name);
+        let mut fields: Option<Vec<Field>> = None;
+        let mut partitions = Vec::with_capacity(manifest.partitions.len());
+        let mut start = 0;
+        let (mut cache_col, mut sample_col, mut weight_col) = (0, 0, 0);
+        for (i, entry) in manifest.partitions.iter().enumerate() {
+            let mut part_fields = Vec::with_capacity(entry.columns.len());
+            let mut columns = Vec::with_capacity(entry.columns.len());
+            for column in &entry.columns {
+                let (field, column) = open_column(dir, column)?;
+                part_fields.push(field);
+                columns.push(column);
+            }
+            let fields = match &fields {
+                Some(first) if *first != part_fields => {
+                    return Err(bad(format!(
+                        "partition {i}'s column types differ from partition 0's"
                     )))
                 }
-                _ => Err(bad(format!(
-                    "snapshot lacks a non-null {ty} column {name:?}"
-                ))),
-            }
-        };
-        let cache_col = position("cache_id", DataType::Int64)?;
-        let sample_col = position("sample_id", DataType::Int64)?;
-        let weight_col = position("weight", DataType::Float64)?;
-        if manifest.rows > u32::MAX as usize - 1 {
-            return Err(bad("more rows than a snapshot can hold".into()));
+                Some(first) => first,
+                None => fields.insert(part_fields),
+            };
+            // the columns the loader reads: decoded now, of the right type
+            // and length, without nulls
+            let decoded = |name: &str, ty: DataType| -> Result<usize> {
+                match position(name) {
+                    Some(at) if *fields[at].data_type() == ty => {
+                        let array = columns[at].decode()?;
+                        if array.len() == entry.rows && array.null_count() == 0 {
+                            return Ok(at);
+                        }
+                        Err(bad(format!(
+                            "column {name:?} has {} rows ({} null), partition {i} of the snapshot {}",
+                            array.len(),
+                            array.null_count(),
+                            entry.rows
+                        )))
+                    }
+                    _ => Err(bad(format!(
+                        "snapshot lacks a non-null {ty} column {name:?}"
+                    ))),
+                }
+            };
+            cache_col = decoded("cache_id", DataType::Int64)?;
+            sample_col = decoded("sample_id", DataType::Int64)?;
+            weight_col = decoded("weight", DataType::Float64)?;
+            let values = |at: usize| {
+                let array: &ArrayRef = columns[at].array.get().expect("decoded above");
+                array.as_primitive::<Int64Type>().values().clone()
+            };
+            partitions.push(Partition {
+                start,
+                rows: entry.rows,
+                ids: values(cache_col),
+                samples: values(sample_col),
+                columns,
+                hashes: entry.columns.iter().map(|c| c.hash.clone()).collect(),
+            });
+            start += entry.rows;
         }
-        let values = |at: usize| {
-            let array: &ArrayRef = columns[at].array.get().expect("decoded above");
-            array.as_primitive::<Int64Type>().values().clone()
+        let weight_hash = match partitions.as_slice() {
+            [one] => one.hashes[weight_col].clone(),
+            _ => {
+                let mut h = Xxh3::new();
+                h.update(b"partitioned weights");
+                for part in &partitions {
+                    h.update(&(part.rows as u64).to_le_bytes());
+                    h.update(part.hashes[weight_col].as_bytes());
+                }
+                format!("{:032x}", h.digest128())
+            }
         };
         Ok(Snapshot {
             number,
             path,
-            ids: values(cache_col),
-            samples: values(sample_col),
-            schema: Arc::new(Schema::new(fields)),
+            schema: Arc::new(Schema::new(fields.expect("at least one partition"))),
             rows: manifest.rows,
-            columns,
+            partitions,
             cache_col,
             sample_col,
             weight_col,
-            batch: OnceLock::new(),
+            batches: OnceLock::new(),
             fingerprint: manifest.fingerprint,
             note: manifest.note,
             created_unix_ms: manifest.created_unix_ms,
@@ -814,7 +1115,7 @@ impl Snapshot {
             rows_by_sample: OnceLock::new(),
             alias: OnceLock::new(),
             samplers: Mutex::default(),
-            weight_hash: manifest.columns[weight_col].hash.clone(),
+            weight_hash,
         })
     }
 
@@ -850,55 +1151,104 @@ impl Snapshot {
         self.schema.clone()
     }
 
-    /// The whole population as one record batch over the mapped files,
-    /// every chunk of every column checked (once per host, in parallel).
-    pub fn batch(&self) -> Result<&RecordBatch> {
-        if let Some(batch) = self.batch.get() {
-            return Ok(batch);
+    /// The whole population, one record batch per partition over the mapped
+    /// files, every chunk of every column checked (once per host, in
+    /// parallel).
+    pub fn batches(&self) -> Result<&[RecordBatch]> {
+        if let Some(batches) = self.batches.get() {
+            return Ok(batches);
         }
-        let arrays = self
-            .columns
+        let batches = self
+            .partitions
             .iter()
-            .map(|c| c.whole().cloned())
+            .map(|part| {
+                let arrays = part
+                    .columns
+                    .iter()
+                    .map(|c| c.whole().cloned())
+                    .collect::<Result<Vec<_>>>()?;
+                RecordBatch::try_new(self.schema.clone(), arrays)
+                    .map_err(|e| Error::corrupt(&self.path, e.to_string()))
+            })
             .collect::<Result<Vec<_>>>()?;
-        let batch = RecordBatch::try_new(self.schema.clone(), arrays)
-            .map_err(|e| Error::corrupt(&self.path, e.to_string()))?;
-        Ok(self.batch.get_or_init(|| batch))
+        Ok(self.batches.get_or_init(|| batches))
     }
 
     pub fn num_rows(&self) -> usize {
         self.rows
     }
 
+    /// How many partitions hold the rows.
+    pub fn num_partitions(&self) -> usize {
+        self.partitions.len()
+    }
+
+    /// The `(cache_id, sample_id)` column hashes of each partition: an
+    /// update whose partition has one of these pairs needs no new check of
+    /// its identities (they were checked when this snapshot was written).
+    pub fn identity_hashes(&self) -> HashSet<(&str, &str)> {
+        self.partitions
+            .iter()
+            .map(|p| {
+                (
+                    p.hashes[self.cache_col].as_str(),
+                    p.hashes[self.sample_col].as_str(),
+                )
+            })
+            .collect()
+    }
+
+    /// The partition of `row` and the row's position in it.
+    #[inline]
+    fn locate(&self, row: usize) -> (&Partition, usize) {
+        let at = match self.partitions.len() {
+            1 => 0,
+            _ => self.partitions.partition_point(|p| p.start <= row) - 1,
+        };
+        let part = &self.partitions[at];
+        (part, row - part.start)
+    }
+
     /// `(cache_id, sample_id)` of row `row`: a loader's read, which checks
     /// only the chunks those two values lie in.
     #[inline]
     pub fn identity(&self, row: usize) -> Result<(i64, i64)> {
-        let (ids, samples) = (
-            &self.columns[self.cache_col],
-            &self.columns[self.sample_col],
-        );
-        ids.check(&self.ids, row)?;
-        samples.check(&self.samples, row)?;
-        Ok((self.ids[row], self.samples[row]))
+        let (part, r) = self.locate(row);
+        part.columns[self.cache_col].check(&part.ids, r)?;
+        part.columns[self.sample_col].check(&part.samples, r)?;
+        Ok((part.ids[r], part.samples[r]))
     }
 
-    /// The `cache_id` and `sample_id` columns whole, every chunk checked.
-    pub fn identities(&self) -> Result<(&[i64], &[i64])> {
-        let ids = self.columns[self.cache_col].whole()?;
-        let samples = self.columns[self.sample_col].whole()?;
-        Ok((
-            ids.as_primitive::<Int64Type>().values(),
-            samples.as_primitive::<Int64Type>().values(),
-        ))
+    /// The `cache_id` and `sample_id` columns whole, one pair of slices per
+    /// partition, every chunk checked.
+    pub fn identities(&self) -> Result<Vec<(&[i64], &[i64])>> {
+        self.partitions
+            .iter()
+            .map(|part| {
+                let ids = part.columns[self.cache_col].whole()?;
+                let samples = part.columns[self.sample_col].whole()?;
+                Ok((
+                    ids.as_primitive::<Int64Type>().values().as_ref(),
+                    samples.as_primitive::<Int64Type>().values().as_ref(),
+                ))
+            })
+            .collect()
     }
 
-    /// The weight column whole, every chunk checked.
-    pub fn weights(&self) -> Result<&[f64]> {
-        Ok(self.columns[self.weight_col]
-            .whole()?
-            .as_primitive::<Float64Type>()
-            .values())
+    /// The weight column whole (a slice per partition), every chunk checked.
+    pub fn weights(&self) -> Result<Weights<'_>> {
+        let parts = self
+            .partitions
+            .iter()
+            .map(|part| {
+                Ok(part.columns[self.weight_col]
+                    .whole()?
+                    .as_primitive::<Float64Type>()
+                    .values()
+                    .as_ref())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Weights::new(parts))
     }
 
     /// Draws per epoch of `sampling` over this population: `epoch_len` when
@@ -978,9 +1328,9 @@ impl Snapshot {
         let table = match self.rows_by_sample.get() {
             Some(table) => table,
             None => {
-                let (ids, samples) = self.identities()?;
+                let parts = self.identities()?;
                 self.rows_by_sample
-                    .get_or_init(|| rows_by_sample(caches, ids, samples))
+                    .get_or_init(|| rows_by_sample(caches, &parts))
             }
         };
         Ok(
@@ -993,31 +1343,33 @@ impl Snapshot {
 }
 
 /// For each cache (sorted by id) and sample, the first row of the
-/// population that draws it (`NO_ROW` if none).
-fn rows_by_sample(caches: &CacheSet, ids: &[i64], samples: &[i64]) -> Vec<Vec<u32>> {
-    {
-        {
-            let mut table: Vec<Vec<u32>> = caches
-                .iter()
-                .map(|c| vec![NO_ROW; c.records() as usize])
-                .collect();
-            let mut pos = 0usize;
-            for row in (0..ids.len()).rev() {
-                if caches.get(pos).map(|c| c.id()) != Some(ids[row]) {
-                    // rows are validated on update; a crafted file only loses rows here
-                    match caches.binary_search_by_key(&ids[row], |c| c.id()) {
-                        Ok(found) => pos = found,
-                        Err(_) => continue,
-                    }
-                }
-                if let Some(slot) = usize::try_from(samples[row])
-                    .ok()
-                    .and_then(|s| table[pos].get_mut(s))
-                {
-                    *slot = row as u32;
+/// population (given as each partition's identity columns) that draws it
+/// (`NO_ROW` if none).
+fn rows_by_sample(caches: &CacheSet, parts: &[(&[i64], &[i64])]) -> Vec<Vec<u32>> {
+    let mut table: Vec<Vec<u32>> = caches
+        .iter()
+        .map(|c| vec![NO_ROW; c.records() as usize])
+        .collect();
+    let mut pos = 0usize;
+    let mut end: usize = parts.iter().map(|(ids, _)| ids.len()).sum();
+    for (ids, samples) in parts.iter().rev() {
+        let start = end - ids.len();
+        for i in (0..ids.len()).rev() {
+            if caches.get(pos).map(|c| c.id()) != Some(ids[i]) {
+                // rows are validated on update; a crafted file only loses rows here
+                match caches.binary_search_by_key(&ids[i], |c| c.id()) {
+                    Ok(found) => pos = found,
+                    Err(_) => continue,
                 }
             }
-            table
+            if let Some(slot) = usize::try_from(samples[i])
+                .ok()
+                .and_then(|s| table[pos].get_mut(s))
+            {
+                *slot = (start + i) as u32;
+            }
         }
+        end = start;
     }
+    table
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, Float64Array, RecordBatch};
-use arrow::compute::{cast, cast_with_options, concat_batches, CastOptions};
+use arrow::compute::{cast, cast_with_options, CastOptions};
 use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef};
 
 use crate::store::CacheSet;
@@ -28,23 +28,32 @@ fn first_null(col: &dyn Array) -> Option<usize> {
     (col.null_count() > 0).then(|| (0..col.len()).find(|&i| col.is_null(i)))?
 }
 
-fn identity_column(batch: &RecordBatch, name: &str) -> Result<ArrayRef> {
-    let col = batch.column_by_name(name).ok_or_else(|| {
+/// Refuse a column `name` of `schema` that is missing or not an integer.
+fn identity_field(schema: &SchemaRef, name: &str) -> Result<()> {
+    let field = schema.field_with_name(name).map_err(|_| {
         Error::invalid(format!(
             "metadata update has no {name:?} column: every row needs its identity (cache_id, sample_id); \
              columns given: {:?}",
-            batch.schema().fields().iter().map(|f| f.name()).collect::<Vec<_>>()
+            schema.fields().iter().map(|f| f.name()).collect::<Vec<_>>()
         ))
     })?;
-    if !is_integer(col.data_type()) {
+    if !is_integer(field.data_type()) {
         return Err(Error::invalid(format!(
             "column {name:?} has type {}, expected an integer type",
-            col.data_type()
+            field.data_type()
         )));
     }
+    Ok(())
+}
+
+/// Identity column `col` (named `name`, in a batch whose first row is
+/// `first_row` of the update) as Int64, refused if it has a null or a
+/// value Int64 cannot hold.
+fn identity_column(col: &ArrayRef, name: &str, first_row: usize) -> Result<ArrayRef> {
     if let Some(row) = first_null(col.as_ref()) {
         return Err(Error::invalid(format!(
-            "column {name:?} is null at row {row}"
+            "column {name:?} is null at row {}",
+            first_row + row
         )));
     }
     let strict = CastOptions {
@@ -55,14 +64,14 @@ fn identity_column(batch: &RecordBatch, name: &str) -> Result<ArrayRef> {
         .map_err(|e| Error::invalid(format!("column {name:?}: {e}")))
 }
 
-/// Check an update against the dataset's caches and return the batch to
-/// store: identity columns as Int64, `weight` as Float64 (1.0 when absent),
-/// other columns as given.
-pub fn validate_update(
-    caches: &CacheSet,
+/// Check an update's shape and return it in the types it is stored in:
+/// identity columns as Int64, `weight` as Float64 (1.0 when absent, added
+/// last), other columns as given, in the caller's batches (arrays already
+/// of their type are not copied). The values are checked by [`check_rows`].
+pub fn normalize(
     schema: &SchemaRef,
     batches: &[RecordBatch],
-) -> Result<RecordBatch> {
+) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     if rows == 0 {
         return Err(Error::invalid(
@@ -77,105 +86,132 @@ pub fn validate_update(
             return Err(Error::invalid(format!("column {name:?} appears twice")));
         }
     }
-    let batch = match batches {
-        [one] => one.clone(),
-        _ => concat_batches(schema, batches)?,
-    };
-    let cache_ids = identity_column(&batch, "cache_id")?;
-    let sample_ids = identity_column(&batch, "sample_id")?;
-    let weights: ArrayRef = match batch.column_by_name("weight") {
-        None => Arc::new(Float64Array::from(vec![1.0; rows])),
-        Some(col) if col.data_type().is_numeric() => {
-            if let Some(row) = first_null(col.as_ref()) {
-                return Err(Error::invalid(format!(
-                    "column \"weight\" is null at row {row}"
-                )));
-            }
-            cast(col, &DataType::Float64)?
-        }
-        Some(col) => {
+    identity_field(schema, "cache_id")?;
+    identity_field(schema, "sample_id")?;
+    let has_weight = match schema.field_with_name("weight") {
+        Err(_) => false,
+        Ok(f) if f.data_type().is_numeric() => true,
+        Ok(f) => {
             return Err(Error::invalid(format!(
                 "column \"weight\" has type {}, expected a numeric type",
-                col.data_type()
+                f.data_type()
             )))
         }
     };
-
-    let ids = cache_ids.as_primitive::<Int64Type>().values();
-    let samples = sample_ids.as_primitive::<Int64Type>().values();
-    let w = weights.as_primitive::<Float64Type>().values();
-    let mut pos = 0usize;
-    let mut total = 0.0f64;
-    for row in 0..rows {
-        pos = caches.position_near(ids[row], pos).ok_or_else(|| {
-            Error::invalid(format!(
-                "row {row}: cache_id {} is not a cache of this dataset (known cache_ids: {:?})",
-                ids[row],
-                caches.ids()
-            ))
-            .at_row(row)
-            .at_column("cache_id", Some(ids[row].to_string()))
-        })?;
-        let cache = &caches[pos];
-        if samples[row] < 0 || samples[row] as u64 >= cache.records() {
+    let mut fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.name().as_str() {
+            "cache_id" | "sample_id" => Field::new(f.name(), DataType::Int64, false),
+            "weight" => Field::new("weight", DataType::Float64, false),
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    if !has_weight {
+        fields.push(Field::new("weight", DataType::Float64, false));
+    }
+    let stored = Arc::new(Schema::new(fields));
+    let mut out = Vec::with_capacity(batches.len());
+    let mut first_row = 0;
+    for batch in batches.iter().filter(|b| b.num_rows() > 0) {
+        if batch.num_columns() != schema.fields().len() {
             return Err(Error::invalid(format!(
-                "row {row}: sample_id {} is not stored in cache {:?} (cache_id {}, sample_ids 0..{})",
-                samples[row],
-                cache.name(),
-                cache.id(),
-                cache.records()
-            ))
-            .at_row(row)
-            .at_column("sample_id", Some(samples[row].to_string())));
+                "a batch of the update has {} columns, its schema {}",
+                batch.num_columns(),
+                schema.fields().len()
+            )));
         }
-        let wi = w[row];
+        let mut columns = Vec::with_capacity(stored.fields().len());
+        for (field, col) in schema.fields().iter().zip(batch.columns()) {
+            columns.push(match field.name().as_str() {
+                name @ ("cache_id" | "sample_id") => identity_column(col, name, first_row)?,
+                "weight" => {
+                    if let Some(row) = first_null(col.as_ref()) {
+                        return Err(Error::invalid(format!(
+                            "column \"weight\" is null at row {}",
+                            first_row + row
+                        )));
+                    }
+                    cast(col, &DataType::Float64)?
+                }
+                _ => col.clone(),
+            });
+        }
+        if !has_weight {
+            columns.push(Arc::new(Float64Array::from(vec![1.0; batch.num_rows()])) as ArrayRef);
+        }
+        out.push(RecordBatch::try_new(stored.clone(), columns)?);
+        first_row += batch.num_rows();
+    }
+    Ok((stored, out))
+}
+
+/// Check the values of `batch` (normalized, its first row `first_row` of
+/// the update): every identity names a stored sample (unless `identities`
+/// is false: columns known to be checked already), every weight is finite
+/// and non-negative. Returns the sum of its weights.
+pub fn check_rows(
+    caches: &CacheSet,
+    batch: &RecordBatch,
+    first_row: usize,
+    identities: bool,
+) -> Result<f64> {
+    let column = |name: &str| batch.column_by_name(name).expect("normalized");
+    let w = column("weight").as_primitive::<Float64Type>().values();
+    if identities {
+        let ids = column("cache_id").as_primitive::<Int64Type>().values();
+        let samples = column("sample_id").as_primitive::<Int64Type>().values();
+        let mut pos = 0usize;
+        for i in 0..batch.num_rows() {
+            let row = first_row + i;
+            pos = caches.position_near(ids[i], pos).ok_or_else(|| {
+                Error::invalid(format!(
+                    "row {row}: cache_id {} is not a cache of this dataset (known cache_ids: {:?})",
+                    ids[i],
+                    caches.ids()
+                ))
+                .at_row(row)
+                .at_column("cache_id", Some(ids[i].to_string()))
+            })?;
+            let cache = &caches[pos];
+            if samples[i] < 0 || samples[i] as u64 >= cache.records() {
+                return Err(Error::invalid(format!(
+                    "row {row}: sample_id {} is not stored in cache {:?} (cache_id {}, sample_ids 0..{})",
+                    samples[i],
+                    cache.name(),
+                    cache.id(),
+                    cache.records()
+                ))
+                .at_row(row)
+                .at_column("sample_id", Some(samples[i].to_string())));
+            }
+        }
+    }
+    let mut total = 0.0f64;
+    for (i, &wi) in w.iter().enumerate() {
         if !wi.is_finite() || wi < 0.0 {
+            let row = first_row + i;
+            let ids = column("cache_id").as_primitive::<Int64Type>().values();
+            let samples = column("sample_id").as_primitive::<Int64Type>().values();
             return Err(Error::invalid(format!(
                 "row {row} (cache_id {}, sample_id {}): weight {wi:?} is invalid; weights must be finite and non-negative",
-                ids[row], samples[row]
+                ids[i], samples[i]
             ))
             .at_row(row)
             .at_column("weight", Some(format!("{wi:?}"))));
         }
         total += wi;
     }
+    Ok(total)
+}
+
+/// Refuse weights of `rows` rows that sum to `total` unless some is positive.
+pub fn check_total(rows: usize, total: f64) -> Result<()> {
     if total <= 0.0 || !total.is_finite() {
         return Err(Error::invalid(format!(
             "the weights of all {rows} rows sum to {total}; at least one weight must be positive \
              (and the sum finite)"
         )));
     }
-
-    let mut fields = Vec::with_capacity(batch.num_columns() + 1);
-    let mut columns = Vec::with_capacity(batch.num_columns() + 1);
-    for (field, col) in batch.schema().fields().iter().zip(batch.columns()) {
-        let replaced = match field.name().as_str() {
-            "cache_id" => Some(cache_ids.clone()),
-            "sample_id" => Some(sample_ids.clone()),
-            "weight" => Some(weights.clone()),
-            _ => None,
-        };
-        match replaced {
-            Some(new) => {
-                fields.push(Arc::new(Field::new(
-                    field.name(),
-                    new.data_type().clone(),
-                    false,
-                )));
-                columns.push(new);
-            }
-            None => {
-                fields.push(field.clone());
-                columns.push(col.clone());
-            }
-        }
-    }
-    if batch.column_by_name("weight").is_none() {
-        fields.push(Arc::new(Field::new("weight", DataType::Float64, false)));
-        columns.push(weights);
-    }
-    Ok(RecordBatch::try_new(
-        Arc::new(Schema::new(fields)),
-        columns,
-    )?)
+    Ok(())
 }

@@ -27,15 +27,22 @@ use crate::Result;
 /// many small chunks on their way to Python.
 pub const BATCH_SIZE: usize = 1 << 16;
 
-/// `snapshot` as a table, split into one zero-copy slice per partition.
+/// `snapshot` as a table: its partitions, zero-copy, each cut into slices
+/// so that there are at least `partitions` (DataFusion's) when there are
+/// fewer snapshot partitions.
 pub fn metadata_table(snapshot: &Snapshot, partitions: usize) -> Result<Arc<MemTable>> {
-    let batch = snapshot.batch()?;
-    let rows = batch.num_rows();
-    let per = rows.div_ceil(partitions.max(1)).max(1);
-    let parts: Vec<Vec<RecordBatch>> = (0..rows)
-        .step_by(per)
-        .map(|start| vec![batch.slice(start, per.min(rows - start))])
-        .collect();
+    let batches = snapshot.batches()?;
+    let pieces = partitions.max(1).div_ceil(batches.len());
+    let mut parts: Vec<Vec<RecordBatch>> = Vec::new();
+    for batch in batches {
+        let rows = batch.num_rows();
+        let per = rows.div_ceil(pieces).max(1);
+        parts.extend(
+            (0..rows)
+                .step_by(per)
+                .map(|start| vec![batch.slice(start, per.min(rows - start))]),
+        );
+    }
     Ok(Arc::new(MemTable::try_new(snapshot.schema(), parts)?))
 }
 

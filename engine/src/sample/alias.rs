@@ -19,6 +19,7 @@ use arrow::buffer::{Buffer, ScalarBuffer};
 use memmap2::MmapOptions;
 
 use super::rng::{mix64, unit_f64};
+use super::Weights;
 use crate::store::checksum::{check_magic, crc32c, header_version};
 use crate::store::chunks::{self, chunk_count, ChunkCheck};
 use crate::store::fs::{map_file, temp_sibling};
@@ -34,7 +35,7 @@ fn file_len(n: usize) -> usize {
 }
 
 /// Fill `prob` and `alias` (each `weights.len()` long) with the alias table.
-fn fill(weights: &[f64], prob: &mut [f64], alias: &mut [u32]) -> Result<()> {
+fn fill(weights: &Weights<'_>, prob: &mut [f64], alias: &mut [u32]) -> Result<()> {
     let n = weights.len();
     if n == 0 || n > u32::MAX as usize {
         return Err(Error::invalid(format!("cannot sample from {n} weights")));
@@ -95,10 +96,11 @@ pub struct AliasTable {
 
 impl AliasTable {
     /// Build from non-negative, finite weights with a positive sum.
-    pub fn new(weights: &[f64]) -> Result<AliasTable> {
+    pub fn new<'w>(weights: impl Into<Weights<'w>>) -> Result<AliasTable> {
+        let weights = weights.into();
         let mut prob = vec![0.0f64; weights.len()];
         let mut alias = vec![0u32; weights.len()];
-        fill(weights, &mut prob, &mut alias)?;
+        fill(&weights, &mut prob, &mut alias)?;
         Ok(AliasTable {
             prob: prob.into(),
             alias: alias.into(),
@@ -115,7 +117,7 @@ impl AliasTable {
     pub fn load_or_build<'w>(
         path: &Path,
         n: usize,
-        weights: &dyn Fn() -> Result<&'w [f64]>,
+        weights: &dyn Fn() -> Result<Weights<'w>>,
     ) -> Result<AliasTable> {
         if path.exists() {
             match Self::map(path, n) {
@@ -156,7 +158,7 @@ impl AliasTable {
             let alias = unsafe {
                 std::slice::from_raw_parts_mut(alias_bytes.as_mut_ptr().cast::<u32>(), n)
             };
-            fill(weights, prob, alias)?;
+            fill(&weights, prob, alias)?;
             for (slot, crc) in table.chunks_exact_mut(4).zip(chunks::chunk_crcs(body)) {
                 slot.copy_from_slice(&crc.to_le_bytes());
             }
@@ -275,7 +277,7 @@ mod tests {
         let weights: Vec<f64> = (0..1000).map(|i| (i % 7) as f64).collect();
         let path = dir.path().join("w.alias");
         let fresh = AliasTable::new(&weights).unwrap();
-        let stored = AliasTable::load_or_build(&path, 1000, &|| Ok(&weights[..])).unwrap();
+        let stored = AliasTable::load_or_build(&path, 1000, &|| Ok((&weights[..]).into())).unwrap();
         let again = AliasTable::load_or_build(&path, 1000, &|| {
             panic!("a stored table is mapped, not built: no weights needed")
         })
@@ -303,7 +305,7 @@ mod tests {
         let weights: Vec<f64> = (0..n).map(|i| (i % 5 + 1) as f64).collect();
         let path = dir.path().join("w.alias");
         let fresh = AliasTable::new(&weights).unwrap();
-        AliasTable::load_or_build(&path, n, &|| Ok(&weights[..])).unwrap();
+        AliasTable::load_or_build(&path, n, &|| Ok((&weights[..]).into())).unwrap();
         let mut raw = std::fs::read(&path).unwrap();
         let damaged_row = 100; // its probability lies in chunk 0
         raw[HEADER + damaged_row * 8] ^= 0x40;
@@ -366,7 +368,7 @@ mod tests {
 
     #[test]
     fn bad_weights_are_refused() {
-        assert!(AliasTable::new(&[]).is_err());
+        assert!(AliasTable::new(&[] as &[f64]).is_err());
         assert!(AliasTable::new(&[0.0, 0.0]).is_err());
         assert!(AliasTable::new(&[1.0, f64::NAN]).is_err());
         assert!(AliasTable::new(&[1.0, -1.0]).is_err());

@@ -6,8 +6,10 @@ mod alias;
 mod modes;
 mod plan;
 mod rng;
+mod weights;
 
 pub use alias::AliasTable;
 pub use modes::{EpochSampler, Permutation, Sampling};
 pub use plan::DrawPlan;
 pub use rng::{draw_bits, unit_f64};
+pub use weights::Weights;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::alias::AliasTable;
 use super::rng::{draw_bits, mix64, unit_f64};
+use super::Weights;
 use crate::{Error, Result};
 
 /// How the rows of an epoch are drawn.
@@ -53,7 +54,7 @@ impl Sampling {
     pub fn default_epoch_len<'w>(
         self,
         rows: usize,
-        weights: &dyn Fn() -> Result<&'w [f64]>,
+        weights: &dyn Fn() -> Result<Weights<'w>>,
     ) -> Result<u64> {
         Ok(match self {
             Sampling::WeightedWithoutReplacement => {
@@ -146,7 +147,7 @@ impl EpochSampler {
     pub fn new<'w>(
         sampling: Sampling,
         rows: usize,
-        weights: &dyn Fn() -> Result<&'w [f64]>,
+        weights: &dyn Fn() -> Result<Weights<'w>>,
         alias: Option<&AliasTable>,
         seed: u64,
         epoch: u64,
@@ -244,7 +245,7 @@ mod tests {
     use super::*;
 
     fn sampler(sampling: Sampling, w: &[f64], seed: u64, epoch: u64, len: u64) -> EpochSampler {
-        EpochSampler::new(sampling, w.len(), &|| Ok(w), None, seed, epoch, len).unwrap()
+        EpochSampler::new(sampling, w.len(), &|| Ok(w.into()), None, seed, epoch, len).unwrap()
     }
 
     #[test]
@@ -309,7 +310,7 @@ mod tests {
         assert_eq!(rows, vec![0, 2, 3, 5]);
         assert_eq!(
             Sampling::WeightedWithoutReplacement
-                .default_epoch_len(w.len(), &|| Ok(&w[..]))
+                .default_epoch_len(w.len(), &|| Ok((&w[..]).into()))
                 .unwrap(),
             4
         );

@@ -63,10 +63,7 @@ fn updates_publish_numbered_snapshots_and_reopen_finds_the_newest() {
     assert_eq!(ds.snapshot_numbers().unwrap(), vec![0, 1]);
     let again = Dataset::open(&[dir.path().to_path_buf()], OpenOptions::default()).unwrap();
     assert_eq!(again.snapshot().number(), 1);
-    assert_eq!(
-        again.snapshot().identities().unwrap().1.to_vec(),
-        vec![1, 1, 2]
-    );
+    assert_eq!(crate::identity_column(&again.snapshot(), 1), vec![1, 1, 2]);
     // the first of duplicated rows answers lookups
     assert_eq!(
         again.snapshot().row_of(again.caches(), 0, 1).unwrap(),
@@ -114,7 +111,8 @@ fn narrow_integer_identities_are_widened_and_weight_defaults_to_one() {
     )
     .unwrap();
     let snap = ds.update(&schema, &[batch], "test", None, false).unwrap();
-    let s = snap.batch().unwrap();
+    let s = crate::whole(&snap).unwrap();
+    let s = &s;
     assert_eq!(
         s.column_by_name("sample_id")
             .unwrap()
@@ -258,8 +256,8 @@ fn every_flip_or_cut_of_a_snapshot_manifest_is_refused_without_a_panic() {
             match datasetrt::catalog::read_manifest(&snap_dir, 1) {
                 Err(_) => refused += 1,
                 Ok(m) => assert_eq!(
-                    (m.rows, &m.note, m.columns.len()),
-                    (expected.rows, &expected.note, expected.columns.len()),
+                    (m.rows, &m.note, m.columns().count()),
+                    (expected.rows, &expected.note, expected.columns().count()),
                     "flip {bit:#x} at {at} read a different manifest"
                 ),
             }
@@ -299,9 +297,9 @@ fn a_commit_never_vouches_for_a_damaged_column_file_it_did_not_write() {
     let one = update().unwrap();
     let weight = read_manifest(ds.snapshot_dir(), one.number())
         .unwrap()
-        .columns
-        .into_iter()
+        .columns()
         .find(|c| c.name == "weight")
+        .cloned()
         .unwrap();
     let file = ds
         .snapshot_dir()
@@ -349,4 +347,149 @@ fn a_snapshot_no_head_named_is_uncommitted_and_the_next_commit_removes_it() {
     assert_eq!(reopened.snapshot_numbers().unwrap(), vec![0, 1, 2, 3]);
     assert!(reopened.uncommitted().unwrap().is_empty());
     assert_eq!(read_manifest(&snap_dir, 3).unwrap().parent, Some(1));
+}
+
+fn partitioned(dir: &std::path::Path, rows: usize) -> Dataset {
+    let options = OpenOptions {
+        partition_rows: Some(rows),
+        ..Default::default()
+    };
+    Dataset::open(&[dir.to_path_buf()], options).unwrap()
+}
+
+fn column_files(ds: &Dataset) -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(ds.snapshot_dir().join("columns"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".arrow"))
+        .collect()
+}
+
+#[test]
+fn a_partitioned_snapshot_reads_as_one_population() {
+    let (dir, whole) = two_caches();
+    let parted_dir = tempfile::tempdir().unwrap();
+    let options = OpenOptions {
+        snapshot_dir: Some(parted_dir.path().to_path_buf()),
+        partition_rows: Some(4),
+        ..Default::default()
+    };
+    let parted = Dataset::open(&[dir.path().to_path_buf()], options).unwrap();
+    let (one, four) = (whole.snapshot(), parted.snapshot());
+    assert_eq!((one.num_partitions(), four.num_partitions()), (1, 4));
+    let manifest = read_manifest(parted.snapshot_dir(), 0).unwrap();
+    let rows: Vec<usize> = manifest.partitions.iter().map(|p| p.rows).collect();
+    assert_eq!(rows, [4, 4, 4, 3]);
+    assert_eq!(crate::whole(&one).unwrap(), crate::whole(&four).unwrap());
+    for row in 0..15 {
+        assert_eq!(one.identity(row).unwrap(), four.identity(row).unwrap());
+    }
+    // lookups name the row in the whole population
+    let first = parted.caches()[0].records() as usize;
+    assert_eq!(four.row_of(parted.caches(), 1, 2).unwrap(), Some(first + 2));
+    // draws are a function of the population, not of how it is stored
+    for sampling in [
+        "replacement",
+        "permutation",
+        "balanced",
+        "weighted_without_replacement",
+    ] {
+        let sampling = datasetrt::sample::Sampling::parse(sampling).unwrap();
+        let (a, b) = (
+            one.sampler(sampling, 7, 1, 15).unwrap(),
+            four.sampler(sampling, 7, 1, 15).unwrap(),
+        );
+        let draws = |s: &datasetrt::sample::EpochSampler| {
+            (0..40).map(|k| s.row(k).unwrap()).collect::<Vec<_>>()
+        };
+        assert_eq!(draws(&a), draws(&b), "{sampling:?}");
+    }
+    // partitions of equal content share one file: the first three weight
+    // columns are four 1.0s each
+    let weights: std::collections::BTreeSet<_> = manifest
+        .partitions
+        .iter()
+        .map(|p| {
+            p.columns
+                .iter()
+                .find(|c| c.name == "weight")
+                .unwrap()
+                .hash
+                .clone()
+        })
+        .collect();
+    assert_eq!(weights.len(), 2);
+}
+
+#[test]
+fn a_reweight_writes_only_the_partitions_it_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    write_cache(dir.path(), "a", 10, WriterOptions::default());
+    let ds = partitioned(dir.path(), 4);
+    let before = column_files(&ds);
+    let mut weights: Vec<f64> = (0..10).map(|i| 1.0 + i as f64).collect();
+    let a = ds.caches()[0].id();
+    let batch = frame(vec![a; 10], (0..10).collect(), weights.clone());
+    ds.update(&batch.schema(), &[batch], "weights", None, false)
+        .unwrap();
+    let base = column_files(&ds);
+    weights[5] = 100.0; // partition 1 (rows 4..8)
+    let batch = frame(vec![a; 10], (0..10).collect(), weights.clone());
+    let snap = ds
+        .update(&batch.schema(), &[batch], "one row", None, false)
+        .unwrap();
+    let written: Vec<_> = column_files(&ds).difference(&base).cloned().collect();
+    assert_eq!(
+        written.len(),
+        1,
+        "only partition 1's weight column: {written:?}"
+    );
+    assert_eq!(snap.weights().unwrap().to_vec(), weights);
+    assert_eq!(snap.num_partitions(), 3);
+    assert!(base.len() > before.len());
+}
+
+#[test]
+fn a_bad_row_of_a_partitioned_update_is_named_by_its_place_in_the_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    write_cache(dir.path(), "a", 10, WriterOptions::default());
+    let ds = partitioned(dir.path(), 4);
+    let a = ds.caches()[0].id();
+    let mut samples: Vec<i64> = (0..10).collect();
+    samples[9] = 10; // not stored
+    let batch = frame(vec![a; 10], samples, vec![1.0; 10]);
+    let err = ds
+        .update(&batch.schema(), &[batch], "bad", None, false)
+        .unwrap_err();
+    assert!(err.to_string().contains("row 9: sample_id 10"), "{err}");
+    let mut weights = vec![1.0; 10];
+    weights[6] = f64::NAN;
+    let batch = frame(vec![a; 10], (0..10).collect(), weights);
+    let err = ds
+        .update(&batch.schema(), &[batch], "bad", None, false)
+        .unwrap_err();
+    assert!(err.to_string().contains("row 6"), "{err}");
+    assert_eq!(ds.snapshot().number(), 0, "nothing was committed");
+}
+
+#[test]
+fn a_snapshot_written_before_partitions_still_opens() {
+    let (_dir, ds) = two_caches();
+    // snapshot 0 as version 2 wrote it: no partition line
+    let path = ds.snapshot_dir().join("00000000.snapshot");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let body: String = text
+        .lines()
+        .filter(|l| !l.starts_with("partition=") && !l.starts_with("checksum="))
+        .map(|l| format!("{l}\n"))
+        .collect::<String>()
+        .replace("datasetrt-snapshot 3", "datasetrt-snapshot 2");
+    std::fs::write(&path, datasetrt::store::checksum::seal_text(&body)).unwrap();
+    let old = datasetrt::Snapshot::open(ds.snapshot_dir(), 0).unwrap();
+    assert_eq!(old.num_partitions(), 1);
+    assert_eq!(
+        crate::whole(&old).unwrap(),
+        crate::whole(&ds.snapshot()).unwrap()
+    );
+    assert_eq!(read_manifest(ds.snapshot_dir(), 0).unwrap().version, 2);
 }

@@ -311,11 +311,7 @@ fn a_mutated_arrow_ipc_file_never_panics_the_decoder() {
 fn a_mutated_snapshot_column_file_is_refused_or_reads_the_same() {
     let (_dir, ds) = dataset();
     let snap_dir = ds.snapshot_dir().to_path_buf();
-    let expected = datasetrt::Snapshot::open(&snap_dir, 0)
-        .unwrap()
-        .batch()
-        .unwrap()
-        .clone();
+    let expected = crate::whole(&datasetrt::Snapshot::open(&snap_dir, 0).unwrap()).unwrap();
     let mut columns: Vec<_> = std::fs::read_dir(snap_dir.join("columns"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -331,7 +327,7 @@ fn a_mutated_snapshot_column_file_is_refused_or_reads_the_same() {
         let what = format!("snapshot column {k}");
         fuzz(&what, 20 + k as u64, &good, |input| {
             write_replacing(path, input);
-            let got = datasetrt::Snapshot::open(&snap_dir, 0).and_then(|s| s.batch().cloned());
+            let got = datasetrt::Snapshot::open(&snap_dir, 0).and_then(|s| crate::whole(&s));
             same_or_refused(got, &expected, "snapshot column")
         });
         write_replacing(path, &good);

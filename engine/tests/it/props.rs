@@ -125,7 +125,7 @@ fn sampler(plan: &DrawPlan, weights: &[f64]) -> EpochSampler {
     EpochSampler::new(
         plan.sampling,
         weights.len(),
-        &|| Ok(weights),
+        &|| Ok(weights.into()),
         None,
         plan.seed,
         plan.epoch,
@@ -258,7 +258,7 @@ proptest! {
             true => Sampling::WeightedWithoutReplacement,
             false => Sampling::Permutation,
         };
-        let epoch_len = sampling.default_epoch_len(weights.len(), &|| Ok(&weights[..])).unwrap();
+        let epoch_len = sampling.default_epoch_len(weights.len(), &|| Ok((&weights[..]).into())).unwrap();
         let plan = DrawPlan {
             sampling, epoch_len, start_block: 0, drop_last: false, world_size: 1, ..plan
         };
@@ -289,12 +289,12 @@ fn the_sample_node_emits_exactly_the_planned_draws_of_a_snapshot() {
     let batch = RecordBatch::try_new(
         schema.clone(),
         vec![
-            Arc::new(arrow::array::Int64Array::from(
-                base.identities().unwrap().0.to_vec(),
-            )),
-            Arc::new(arrow::array::Int64Array::from(
-                base.identities().unwrap().1.to_vec(),
-            )),
+            Arc::new(arrow::array::Int64Array::from(crate::identity_column(
+                &base, 0,
+            ))),
+            Arc::new(arrow::array::Int64Array::from(crate::identity_column(
+                &base, 1,
+            ))),
             Arc::new(arrow::array::Float64Array::from(weights.clone())),
         ],
     )

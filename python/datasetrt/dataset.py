@@ -140,8 +140,10 @@ class Dataset:
         return Path(self._native.snapshot_path)
 
     def history(self) -> pl.DataFrame:
-        """Every snapshot on disk: version, created_unix_ms, rows, fingerprint,
-        note, parent (the head it was committed on; null for the first), and
+        """Every snapshot on disk, from its manifest alone: version,
+        created_unix_ms, rows, partitions (how many sets of column files hold
+        the rows), fingerprint, note, parent (the head it was committed on;
+        null for the first), and
         committed: false for a snapshot no head ever named (a writer was
         killed between creating it and moving the head; no update returned
         it, and the next commit removes it)."""

@@ -211,25 +211,28 @@ impl PyDataset {
     /// committed (false: a writer died before the head named it).
     fn history<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let inner = self.inner.clone();
+        // the manifests only: no snapshot's column files are mapped
         let (snapshots, uncommitted) = detach(py, move || -> datasetrt::Result<_> {
+            let dir = inner.snapshot_dir();
             let snapshots = inner
                 .snapshot_numbers()?
                 .into_iter()
-                .map(|n| inner.snapshot_at(n))
+                .map(|n| Ok((n, datasetrt::catalog::read_manifest(dir, n)?)))
                 .collect::<datasetrt::Result<Vec<_>>>()?;
             Ok((snapshots, inner.uncommitted()?))
         })?
         .py()?;
         let list = PyList::empty(py);
-        for s in snapshots {
+        for (number, m) in snapshots {
             let d = PyDict::new(py);
-            d.set_item("version", s.number())?;
-            d.set_item("created_unix_ms", s.created_unix_ms())?;
-            d.set_item("rows", s.num_rows())?;
-            d.set_item("fingerprint", s.fingerprint())?;
-            d.set_item("note", s.note())?;
-            d.set_item("parent", s.parent())?;
-            d.set_item("committed", !uncommitted.contains(&s.number()))?;
+            d.set_item("version", number)?;
+            d.set_item("created_unix_ms", m.created_unix_ms)?;
+            d.set_item("rows", m.rows)?;
+            d.set_item("partitions", m.partitions.len())?;
+            d.set_item("fingerprint", &m.fingerprint)?;
+            d.set_item("note", &m.note)?;
+            d.set_item("parent", m.parent)?;
+            d.set_item("committed", !uncommitted.contains(&number))?;
             list.append(d)?;
         }
         Ok(list)

@@ -61,18 +61,92 @@ pub struct Snapshot {
     weight_hash: String,
 }
 
-/// Rows `start .. start + rows` of a snapshot: one column file per column.
+/// Rows `start .. start + rows` of a snapshot: one column file per column,
+/// mapped when a read first needs the partition (partition 0 at `open`).
 #[derive(Debug)]
 struct Partition {
     start: usize,
     rows: usize,
-    columns: Vec<Column>,
     /// The content hash of each column file, as the manifest names it.
     hashes: Vec<String>,
+    entry: PartitionEntry,
+    opened: OnceLock<Opened>,
+}
+
+/// A partition's mapped columns.
+#[derive(Debug)]
+struct Opened {
+    columns: Vec<Column>,
     /// The values of `cache_id` and `sample_id`, for reads that check them
     /// first (`identity`).
     ids: ScalarBuffer<i64>,
     samples: ScalarBuffer<i64>,
+}
+
+/// Positions of the columns every partition has.
+struct Positions {
+    cache: usize,
+    sample: usize,
+    weight: usize,
+}
+
+/// Map the column files of partition `i` (`entry`) of the snapshot at
+/// `path`: its fields, which must equal `expected` (partition 0's) when
+/// given, and its columns, the identity and weight columns decoded (of the
+/// right type and length, without nulls).
+fn open_partition(
+    dir: &Path,
+    path: &Path,
+    i: usize,
+    entry: &PartitionEntry,
+    expected: Option<&[arrow::datatypes::FieldRef]>,
+    at: &Positions,
+) -> Result<(Vec<Field>, Opened)> {
+    let bad = |detail: String| Error::corrupt(path, detail);
+    let mut fields = Vec::with_capacity(entry.columns.len());
+    let mut columns = Vec::with_capacity(entry.columns.len());
+    for column in &entry.columns {
+        let (field, column) = open_column(dir, column)?;
+        fields.push(field);
+        columns.push(column);
+    }
+    if let Some(expected) = expected {
+        if !expected.iter().map(|f| f.as_ref()).eq(fields.iter()) {
+            return Err(bad(format!(
+                "partition {i}'s column types differ from partition 0's"
+            )));
+        }
+    }
+    for (k, name, ty) in [
+        (at.cache, "cache_id", DataType::Int64),
+        (at.sample, "sample_id", DataType::Int64),
+        (at.weight, "weight", DataType::Float64),
+    ] {
+        if *fields[k].data_type() != ty {
+            return Err(bad(format!(
+                "snapshot lacks a non-null {ty} column {name:?}"
+            )));
+        }
+        let array = columns[k].decode()?;
+        if array.len() != entry.rows || array.null_count() != 0 {
+            return Err(bad(format!(
+                "column {name:?} has {} rows ({} null), partition {i} of the snapshot {}",
+                array.len(),
+                array.null_count(),
+                entry.rows
+            )));
+        }
+    }
+    let values = |k: usize| {
+        let array: &ArrayRef = columns[k].array.get().expect("decoded above");
+        array.as_primitive::<Int64Type>().values().clone()
+    };
+    let opened = Opened {
+        ids: values(at.cache),
+        samples: values(at.sample),
+        columns,
+    };
+    Ok((fields, opened))
 }
 
 /// One mapped column file of a snapshot and how its bytes are checked.
@@ -1026,66 +1100,33 @@ impl Snapshot {
             )));
         }
         let first = &manifest.partitions[0];
-        let position = |name: &str| first.columns.iter().position(|c| c.name == name);
-        let mut fields: Option<Vec<Field>> = None;
+        let position = |name: &str| {
+            first
+                .columns
+                .iter()
+                .position(|c| c.name == name)
+                .ok_or_else(|| bad(format!("snapshot lacks a column {name:?}")))
+        };
+        let at = Positions {
+            cache: position("cache_id")?,
+            sample: position("sample_id")?,
+            weight: position("weight")?,
+        };
+        let (fields, zero) = open_partition(dir, &path, 0, first, None, &at)?;
         let mut partitions = Vec::with_capacity(manifest.partitions.len());
         let mut start = 0;
-        let (mut cache_col, mut sample_col, mut weight_col) = (0, 0, 0);
-        for (i, entry) in manifest.partitions.iter().enumerate() {
-            let mut part_fields = Vec::with_capacity(entry.columns.len());
-            let mut columns = Vec::with_capacity(entry.columns.len());
-            for column in &entry.columns {
-                let (field, column) = open_column(dir, column)?;
-                part_fields.push(field);
-                columns.push(column);
-            }
-            let fields = match &fields {
-                Some(first) if *first != part_fields => {
-                    return Err(bad(format!(
-                        "partition {i}'s column types differ from partition 0's"
-                    )))
-                }
-                Some(first) => first,
-                None => fields.insert(part_fields),
-            };
-            // the columns the loader reads: decoded now, of the right type
-            // and length, without nulls
-            let decoded = |name: &str, ty: DataType| -> Result<usize> {
-                match position(name) {
-                    Some(at) if *fields[at].data_type() == ty => {
-                        let array = columns[at].decode()?;
-                        if array.len() == entry.rows && array.null_count() == 0 {
-                            return Ok(at);
-                        }
-                        Err(bad(format!(
-                            "column {name:?} has {} rows ({} null), partition {i} of the snapshot {}",
-                            array.len(),
-                            array.null_count(),
-                            entry.rows
-                        )))
-                    }
-                    _ => Err(bad(format!(
-                        "snapshot lacks a non-null {ty} column {name:?}"
-                    ))),
-                }
-            };
-            cache_col = decoded("cache_id", DataType::Int64)?;
-            sample_col = decoded("sample_id", DataType::Int64)?;
-            weight_col = decoded("weight", DataType::Float64)?;
-            let values = |at: usize| {
-                let array: &ArrayRef = columns[at].array.get().expect("decoded above");
-                array.as_primitive::<Int64Type>().values().clone()
-            };
+        for entry in manifest.partitions {
             partitions.push(Partition {
                 start,
                 rows: entry.rows,
-                ids: values(cache_col),
-                samples: values(sample_col),
-                columns,
                 hashes: entry.columns.iter().map(|c| c.hash.clone()).collect(),
+                entry,
+                opened: OnceLock::new(),
             });
-            start += entry.rows;
+            start += partitions.last().expect("pushed").rows;
         }
+        let _ = partitions[0].opened.set(zero);
+        let (cache_col, sample_col, weight_col) = (at.cache, at.sample, at.weight);
         let weight_hash = match partitions.as_slice() {
             [one] => one.hashes[weight_col].clone(),
             _ => {
@@ -1101,7 +1142,7 @@ impl Snapshot {
         Ok(Snapshot {
             number,
             path,
-            schema: Arc::new(Schema::new(fields.expect("at least one partition"))),
+            schema: Arc::new(Schema::new(fields)),
             rows: manifest.rows,
             partitions,
             cache_col,
@@ -1162,7 +1203,8 @@ impl Snapshot {
             .partitions
             .iter()
             .map(|part| {
-                let arrays = part
+                let arrays = self
+                    .opened(part)?
                     .columns
                     .iter()
                     .map(|c| c.whole().cloned())
@@ -1198,6 +1240,33 @@ impl Snapshot {
             .collect()
     }
 
+    /// Partition `part`'s columns, mapped on first use.
+    fn opened<'a>(&self, part: &'a Partition) -> Result<&'a Opened> {
+        if let Some(opened) = part.opened.get() {
+            return Ok(opened);
+        }
+        let at = Positions {
+            cache: self.cache_col,
+            sample: self.sample_col,
+            weight: self.weight_col,
+        };
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let i = self
+            .partitions
+            .iter()
+            .position(|p| std::ptr::eq(p, part))
+            .unwrap_or(0);
+        let (_, opened) = open_partition(
+            dir,
+            &self.path,
+            i,
+            &part.entry,
+            Some(self.schema.fields()),
+            &at,
+        )?;
+        Ok(part.opened.get_or_init(|| opened))
+    }
+
     /// The partition of `row` and the row's position in it.
     #[inline]
     fn locate(&self, row: usize) -> (&Partition, usize) {
@@ -1214,6 +1283,7 @@ impl Snapshot {
     #[inline]
     pub fn identity(&self, row: usize) -> Result<(i64, i64)> {
         let (part, r) = self.locate(row);
+        let part = self.opened(part)?;
         part.columns[self.cache_col].check(&part.ids, r)?;
         part.columns[self.sample_col].check(&part.samples, r)?;
         Ok((part.ids[r], part.samples[r]))
@@ -1225,6 +1295,7 @@ impl Snapshot {
         self.partitions
             .iter()
             .map(|part| {
+                let part = self.opened(part)?;
                 let ids = part.columns[self.cache_col].whole()?;
                 let samples = part.columns[self.sample_col].whole()?;
                 Ok((
@@ -1241,7 +1312,7 @@ impl Snapshot {
             .partitions
             .iter()
             .map(|part| {
-                Ok(part.columns[self.weight_col]
+                Ok(self.opened(part)?.columns[self.weight_col]
                     .whole()?
                     .as_primitive::<Float64Type>()
                     .values()

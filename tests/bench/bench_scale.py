@@ -7,6 +7,9 @@ not of the payloads):
 - publish: ``update_metadata`` of the whole frame (every column written);
 - reweight: ``update_metadata`` of a new ``weight`` column, and the bytes it
   writes (snapshots share unchanged columns: it should write one column);
+  then a reweight of 1 % of the rows, contiguous (one source's rows, say:
+  only the partitions holding them are written) and scattered (every 100th
+  row: every partition's weight column is written);
 - open + first batch: ``drt.open`` and the first batch of ``ds.loader`` in a
   fresh process, the host's first (no chunk of the snapshot checked yet) and
   a later one (the chunks it reads were checked by an earlier process:
@@ -137,6 +140,26 @@ def measure(root: Path, ds: drt.Dataset, base: pl.DataFrame, rows: int, repeat: 
     after = tree_bytes(root)
     res["reweight_written_bytes"] = sum(v for k, v in after.items() if k not in before)
     res["weight_column_bytes"] = rows * 8
+    history = ds.history()
+    res["partitions"] = int(history["partitions"][-1]) if "partitions" in history.columns else 1
+    for name, chosen in [
+        ("contiguous", pl.int_range(pl.len()) < rows // 100),
+        ("scattered", pl.int_range(pl.len()) % 100 == 0),
+    ]:
+        meta = ds.get_metadata()
+        before = tree_bytes(root)
+        t0 = time.perf_counter()
+        ds.update_metadata(
+            meta.with_columns(
+                pl.when(chosen).then(pl.col("weight") * 2).otherwise(pl.col("weight"))
+            )
+        )
+        res[f"reweight_1pct_{name}_s"] = time.perf_counter() - t0
+        after = tree_bytes(root)
+        res[f"reweight_1pct_{name}_written_bytes"] = sum(
+            v for k, v in after.items() if k not in before
+        )
+        del meta
     res["alias_bytes_per_row"] = 12  # f64 probability + u32 alias (docs/FORMAT.md)
 
     # SQL group-by (median of `repeat`)
@@ -199,8 +222,9 @@ def main() -> None:
     print(
         "\n| rows | open + first batch, the host's first process / a later one "
         "| get_metadata, first / later | SQL group-by "
-        "| reweight (written) | alias build | reader anon / file pages |\n"
-        "|---|---|---|---|---|---|---|"
+        "| reweight all (written) | reweight 1 %, contiguous / scattered (written) "
+        "| alias build | reader anon / file pages |\n"
+        "|---|---|---|---|---|---|---|---|"
     )
     for r in results["sizes"]:
         print(
@@ -209,6 +233,10 @@ def main() -> None:
             f"| {ms(r['reader_get_metadata_s'])} / {ms(r['second_reader_get_metadata_s'])} "
             f"| {r['groupby_s'] * 1e3:.0f} ms "
             f"| {r['reweight_s'] * 1e3:.0f} ms ({r['reweight_written_bytes'] / 2**20:.0f} MiB) "
+            f"| {ms(r['reweight_1pct_contiguous_s'])} "
+            f"({r['reweight_1pct_contiguous_written_bytes'] / 2**20:.0f} MiB) / "
+            f"{ms(r['reweight_1pct_scattered_s'])} "
+            f"({r['reweight_1pct_scattered_written_bytes'] / 2**20:.0f} MiB) "
             f"| {r['alias_build_s'] * 1e3:.0f} ms | {r['reader_anon_read_mib']:.0f} / "
             f"{r['reader_file_pages_mib']:.0f} MiB |"
         )

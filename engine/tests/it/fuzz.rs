@@ -154,7 +154,13 @@ fn dataset() -> (tempfile::TempDir, Dataset) {
         ..WriterOptions::default()
     };
     write_cache(dir.path(), "f", 40, options);
-    let ds = Dataset::open(&[dir.path().to_path_buf()], OpenOptions::default()).unwrap();
+    // three partitions (16, 16 and 8 rows): the mutated manifests and column
+    // files are those of a partitioned snapshot
+    let options = OpenOptions {
+        partition_rows: Some(16),
+        ..OpenOptions::default()
+    };
+    let ds = Dataset::open(&[dir.path().to_path_buf()], options).unwrap();
     (dir, ds)
 }
 

@@ -309,6 +309,39 @@ fn hash_array(data: &ArrayData, h: &mut Xxh3) {
     }
 }
 
+/// The width of one value of `data` if it is a fixed-width primitive array
+/// (one buffer of values, no children): such an array is hashed and stored
+/// from the range of its buffer it covers, so a slice needs no copy.
+fn fixed_width(data: &ArrayData) -> Option<usize> {
+    let width = data.data_type().primitive_width()?;
+    (data.buffers().len() == 1 && data.child_data().is_empty()).then_some(width)
+}
+
+/// `hash_array` of a fixed-width array as if it were compacted (offset 0,
+/// its values and null bits only): a slice hashes as a copy of it would.
+fn hash_fixed(data: &ArrayData, width: usize, h: &mut Xxh3) {
+    h.update(format!("{:?}", data.data_type()).as_bytes());
+    h.update(&(data.len() as u64).to_le_bytes());
+    h.update(&0u64.to_le_bytes());
+    match data.nulls() {
+        Some(nulls) => {
+            h.update(b"N");
+            h.update(&0u64.to_le_bytes());
+            let mut bits = nulls.inner().sliced().as_slice().to_vec();
+            if let (Some(last), tail @ 1..) = (bits.last_mut(), data.len() % 8) {
+                *last &= (1u8 << tail) - 1;
+            }
+            h.update(&bits);
+        }
+        None => h.update(b"-"),
+    }
+    let values =
+        &data.buffers()[0].as_slice()[data.offset() * width..(data.offset() + data.len()) * width];
+    h.update(&1u64.to_le_bytes());
+    h.update(&(values.len() as u64).to_le_bytes());
+    h.update(values);
+}
+
 fn column_hash(field: &Field, array: &ArrayRef) -> String {
     let mut h = Xxh3::new();
     h.update(if field.is_nullable() {
@@ -316,7 +349,11 @@ fn column_hash(field: &Field, array: &ArrayRef) -> String {
     } else {
         b"required"
     });
-    hash_array(&array.to_data(), &mut h);
+    let data = array.to_data();
+    match fixed_width(&data) {
+        Some(width) => hash_fixed(&data, width, &mut h),
+        None => hash_array(&data, &mut h),
+    }
     format!("{:032x}", h.digest128())
 }
 
@@ -482,9 +519,11 @@ pub struct Partitioned {
 
 impl Partitioned {
     /// Cut `batches` (of `schema`) into partitions of `per` rows (the last
-    /// may be shorter). A partition that is exactly one of `batches` keeps
-    /// its arrays; one cut from several, or from part of one, is copied
-    /// into fresh arrays (so that its hash and file hold only its rows).
+    /// may be shorter). A partition cut from one batch keeps views of its
+    /// fixed-width arrays (hashed and written from the range they cover);
+    /// its other arrays, and every array of a partition cut from several
+    /// batches, are copied into fresh arrays (so that its hash and file
+    /// cover only its rows).
     pub fn new(schema: &SchemaRef, batches: &[RecordBatch], per: usize) -> Result<Partitioned> {
         let per = per.max(1);
         let mut parts = Vec::new();
@@ -495,7 +534,8 @@ impl Partitioned {
         let mut pending_rows = 0;
         let flush = |pending: &mut Vec<RecordBatch>, whole: bool| -> Result<RecordBatch> {
             let part = match pending.as_slice() {
-                [one] if whole && !is_slice(one) => one.clone(),
+                [one] if whole => one.clone(),
+                [one] => compact_variable(one)?,
                 _ => compact(schema, pending)?,
             };
             pending.clear();
@@ -543,28 +583,40 @@ impl Partitioned {
     }
 }
 
-/// Whether any array of `batch` starts past its buffers' first value (a
-/// slice, whose hash would cover bytes outside it).
-fn is_slice(batch: &RecordBatch) -> bool {
-    batch.columns().iter().any(|c| {
-        let data = c.to_data();
-        data.offset() != 0 || data.nulls().is_some_and(|n| n.offset() != 0)
-    })
+/// `slice` (part of a batch) with its columns that are not fixed-width
+/// copied into fresh arrays (their hash would cover their whole buffers);
+/// fixed-width ones stay views of the batch (see [`hash_fixed`]).
+fn compact_variable(slice: &RecordBatch) -> Result<RecordBatch> {
+    let columns = slice
+        .columns()
+        .iter()
+        .map(|c| match fixed_width(&c.to_data()) {
+            Some(_) => Ok(c.clone()),
+            None => Ok(compact_arrays(&[c.to_data()], c.len())?),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new(slice.schema(), columns)?)
+}
+
+/// `pieces` of one column as one fresh array of `rows` values.
+fn compact_arrays(pieces: &[ArrayData], rows: usize) -> Result<ArrayRef> {
+    use arrow::array::{make_array, MutableArrayData};
+    let mut out = MutableArrayData::new(pieces.iter().collect(), false, rows);
+    for (k, d) in pieces.iter().enumerate() {
+        out.try_extend(k, 0, d.len())?;
+    }
+    Ok(make_array(out.freeze()))
 }
 
 /// `pieces` (of `schema`) as one batch of fresh arrays that start at 0.
 fn compact(schema: &SchemaRef, pieces: &[RecordBatch]) -> Result<RecordBatch> {
-    use arrow::array::{make_array, MutableArrayData};
     let rows: usize = pieces.iter().map(|p| p.num_rows()).sum();
-    let mut columns = Vec::with_capacity(schema.fields().len());
-    for i in 0..schema.fields().len() {
-        let data: Vec<ArrayData> = pieces.iter().map(|p| p.column(i).to_data()).collect();
-        let mut out = MutableArrayData::new(data.iter().collect(), false, rows);
-        for (k, d) in data.iter().enumerate() {
-            out.try_extend(k, 0, d.len())?;
-        }
-        columns.push(make_array(out.freeze()));
-    }
+    let columns = (0..schema.fields().len())
+        .map(|i| {
+            let data: Vec<ArrayData> = pieces.iter().map(|p| p.column(i).to_data()).collect();
+            compact_arrays(&data, rows)
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }
 

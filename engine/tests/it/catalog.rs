@@ -381,6 +381,24 @@ fn a_partitioned_snapshot_reads_as_one_population() {
     let rows: Vec<usize> = manifest.partitions.iter().map(|p| p.rows).collect();
     assert_eq!(rows, [4, 4, 4, 3]);
     assert_eq!(crate::whole(&one).unwrap(), crate::whole(&four).unwrap());
+    // a partition's file holds its rows only (cut from one batch of all 15;
+    // values are padded to 64 bytes, so 4 and 15 Int64s differ by 64)
+    let sample_file = |m: &datasetrt::catalog::Manifest| {
+        m.partitions[0]
+            .columns
+            .iter()
+            .find(|c| c.name == "sample_id")
+            .unwrap()
+            .len
+            .unwrap()
+    };
+    let single = read_manifest(whole.snapshot_dir(), 0).unwrap();
+    assert!(
+        sample_file(&manifest) < sample_file(&single),
+        "{} vs {}",
+        sample_file(&manifest),
+        sample_file(&single)
+    );
     for row in 0..15 {
         assert_eq!(one.identity(row).unwrap(), four.identity(row).unwrap());
     }

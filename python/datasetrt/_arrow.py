@@ -77,3 +77,31 @@ def arrow_stream(data: Any, what: str) -> tuple[Any, list[str]]:
             f"__arrow_c_stream__, not {type(data).__name__}"
         )
     return data, nulls
+
+
+def chunks(data: Any) -> list[Any]:
+    """``data`` (from :func:`arrow_stream`) as pieces to export one by one.
+
+    Polars exports a frame as one record batch, copying a chunked frame
+    into one (4 GB at 10^8 rows of five columns) before the engine cuts it
+    into partitions again. A frame whose columns share their chunk
+    boundaries (as :meth:`Dataset.get_metadata` gives them: one chunk per
+    partition, kept by element-wise changes) goes as one slice per chunk,
+    each exported without a copy; any other object goes whole.
+
+    >>> a = pl.DataFrame({"x": [1, 2]})
+    >>> [p.height for p in chunks(pl.concat([a, a, a], rechunk=False))]
+    [2, 2, 2]
+    >>> [p.height for p in chunks(pl.concat([a, a], rechunk=True))]
+    [4]
+    """
+    if not isinstance(data, pl.DataFrame) or data.width == 0:
+        return [data]
+    lengths = [s.chunk_lengths() for s in data.get_columns()]
+    if len(lengths[0]) < 2 or any(other != lengths[0] for other in lengths[1:]):
+        return [data]
+    pieces, at = [], 0
+    for n in lengths[0]:
+        pieces.append(data.slice(at, n))
+        at += n
+    return pieces

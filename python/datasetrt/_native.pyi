@@ -62,7 +62,7 @@ class Dataset:
     def get_metadata(self, version: int | None = None) -> _ArrowTable: ...
     def update_metadata(
         self,
-        data: object,
+        data: list[object],
         note: str = "update_metadata",
         base: int | None = None,
         force: bool = False,

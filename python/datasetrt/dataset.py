@@ -10,7 +10,7 @@ from typing import Any
 import polars as pl
 
 from . import _html, _native
-from ._arrow import arrow_stream
+from ._arrow import arrow_stream, chunks
 from ._html import HtmlRepr
 from ._progress import Progress
 from ._state import (
@@ -199,7 +199,9 @@ class Dataset:
         if base is not None:
             base = check_version(base, "base")
         stream, nulls = arrow_stream(data, "update_metadata()")
-        return self._native.update_metadata(stream, base=base, force=bool(force), nulls=nulls)
+        return self._native.update_metadata(
+            chunks(stream), base=base, force=bool(force), nulls=nulls
+        )
 
     def register(self, name: str, data: Any) -> None:
         """Make ``data`` a SQL table called ``name`` (next to ``metadata`` and ``payloads``).

@@ -249,19 +249,38 @@ impl PyDataset {
         table(py, &*self.pinned(version)?)
     }
 
-    /// Replace the population; returns the new snapshot number. `base` is
-    /// the snapshot the data was derived from (default: the active one).
+    /// Replace the population; returns the new snapshot number. `data` is
+    /// the rows in pieces, in order (each an Arrow stream of one schema: a
+    /// chunked polars frame is passed chunk by chunk, so that no piece is
+    /// copied into one batch). `base` is the snapshot the data was derived
+    /// from (default: the active one).
     #[pyo3(signature = (data, note="update_metadata".to_string(), base=None, force=false, nulls=vec![]))]
     fn update_metadata(
         &self,
         py: Python<'_>,
-        data: AnyRecordBatch,
+        data: Vec<AnyRecordBatch>,
         note: String,
         base: Option<u64>,
         force: bool,
         nulls: Vec<String>,
     ) -> PyResult<u64> {
-        let (schema, batches) = collect(data, &nulls, "Arrow stream")?;
+        let mut schema = None;
+        let mut batches = Vec::new();
+        for piece in data {
+            let (piece_schema, piece_batches) = collect(piece, &nulls, "Arrow stream")?;
+            match &schema {
+                Some(first) if *first != piece_schema => {
+                    return Err(invalid(
+                        "the pieces of a metadata update have different schemas".to_string(),
+                    ))
+                }
+                Some(_) => {}
+                None => schema = Some(piece_schema),
+            }
+            batches.extend(piece_batches);
+        }
+        let schema =
+            schema.ok_or_else(|| invalid("a metadata update needs its rows".to_string()))?;
         self.change(py, |live| {
             live.update(&schema, &batches, &note, base, force)
         })

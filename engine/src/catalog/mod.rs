@@ -203,6 +203,7 @@ impl Dataset {
                     &initial.schema(),
                     std::slice::from_ref(&initial),
                     partition_rows,
+                    None,
                 )?;
                 let guard = commit::lock(&snapshot_dir)?;
                 let number = match commit::read_head(&snapshot_dir)? {
@@ -333,12 +334,13 @@ impl Dataset {
         force: bool,
     ) -> Result<Arc<Snapshot>> {
         let (schema, batches) = validate::normalize(schema, batches)?;
-        let population = snapshot::Partitioned::new(&schema, &batches, self.partition_rows)?;
+        let active = self.snapshot();
+        let population =
+            snapshot::Partitioned::new(&schema, &batches, self.partition_rows, Some(&active))?;
         drop(batches);
         // Identities are checked per partition, except where a partition's
         // identity columns are the active snapshot's (checked when written):
         // a reweight reads only its weights.
-        let active = self.snapshot();
         let checked = active.identity_hashes();
         let mut total = 0.0;
         let mut first_row = 0;

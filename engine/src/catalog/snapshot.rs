@@ -524,7 +524,17 @@ impl Partitioned {
     /// its other arrays, and every array of a partition cut from several
     /// batches, are copied into fresh arrays (so that its hash and file
     /// cover only its rows).
-    pub fn new(schema: &SchemaRef, batches: &[RecordBatch], per: usize) -> Result<Partitioned> {
+    ///
+    /// A fixed-width column that is one of `known`'s own mapped arrays (a
+    /// column of the active snapshot handed back unchanged, say through
+    /// `get_metadata` and polars) takes that array's hash without reading
+    /// its bytes.
+    pub fn new(
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+        per: usize,
+        known: Option<&Snapshot>,
+    ) -> Result<Partitioned> {
         let per = per.max(1);
         let mut parts = Vec::new();
         // the pieces of the partition being cut, and whether the one piece
@@ -558,7 +568,8 @@ impl Partitioned {
         if pending_rows > 0 {
             parts.push(flush(&mut pending, whole)?);
         }
-        let hashes = hash_partitions(&parts);
+        let known = known.map(Snapshot::hashes_by_address).unwrap_or_default();
+        let hashes = hash_partitions(&parts, &known);
         Ok(Partitioned {
             schema: schema.clone(),
             rows: parts.iter().map(|p| p.num_rows()).sum(),
@@ -620,16 +631,40 @@ fn compact(schema: &SchemaRef, pieces: &[RecordBatch]) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }
 
+/// Where a fixed-width array without nulls keeps its values: address of
+/// the first, length, type, and its field's nullability (part of the hash).
+type Address = (usize, usize, DataType, bool);
+
+/// Content hashes of mapped column files by the address of their values.
+type KnownHashes<'a> = HashMap<Address, &'a str>;
+
+fn address(data: &ArrayData, nullable: bool) -> Address {
+    match fixed_width(data) {
+        Some(width) if data.nulls().is_none() => (
+            data.buffers()[0].as_ptr() as usize + data.offset() * width,
+            data.len(),
+            data.data_type().clone(),
+            nullable,
+        ),
+        _ => (0, 0, DataType::Null, nullable), // never a known address
+    }
+}
+
 /// The content hash of every column of every partition, partitions hashed
 /// on `crate::threads()` threads.
-fn hash_partitions(parts: &[RecordBatch]) -> Vec<Vec<String>> {
+fn hash_partitions(parts: &[RecordBatch], known: &KnownHashes<'_>) -> Vec<Vec<String>> {
     let hash = |batch: &RecordBatch| -> Vec<String> {
         batch
             .schema()
             .fields()
             .iter()
             .zip(batch.columns())
-            .map(|(f, a)| column_hash(f, a))
+            .map(
+                |(f, a)| match known.get(&address(&a.to_data(), f.is_nullable())) {
+                    Some(hash) => hash.to_string(),
+                    None => column_hash(f, a),
+                },
+            )
             .collect()
     };
     let threads = crate::threads().min(parts.len()).max(1);
@@ -1290,6 +1325,29 @@ impl Snapshot {
                 )
             })
             .collect()
+    }
+
+    /// The hash of every decoded fixed-width column without nulls of the
+    /// partitions mapped so far, by the address of its values (see
+    /// [`Partitioned::new`]). The files are immutable and mapped read-only:
+    /// the same bytes at the same address are the same content.
+    fn hashes_by_address(&self) -> KnownHashes<'_> {
+        let mut known = HashMap::new();
+        for part in &self.partitions {
+            let Some(opened) = part.opened.get() else {
+                continue;
+            };
+            for (k, column) in opened.columns.iter().enumerate() {
+                if let Some(array) = column.array.get() {
+                    let nullable = self.schema.field(k).is_nullable();
+                    let at = address(&array.to_data(), nullable);
+                    if at.0 != 0 {
+                        known.insert(at, part.hashes[k].as_str());
+                    }
+                }
+            }
+        }
+        known
     }
 
     /// Partition `part`'s columns, mapped on first use.

@@ -511,3 +511,36 @@ fn a_snapshot_written_before_partitions_still_opens() {
     );
     assert_eq!(read_manifest(ds.snapshot_dir(), 0).unwrap().version, 2);
 }
+
+#[test]
+fn the_active_snapshots_own_columns_handed_back_are_stored_as_they_are() {
+    let dir = tempfile::tempdir().unwrap();
+    write_cache(dir.path(), "a", 10, WriterOptions::default());
+    let ds = partitioned(dir.path(), 4);
+    let active = ds.snapshot();
+    let mut batches = active.batches().unwrap().to_vec();
+    let before = column_files(&ds);
+    // unchanged: the same files, the same fingerprint
+    let same = ds
+        .update(&active.schema(), &batches, "same", None, false)
+        .unwrap();
+    assert_eq!(same.fingerprint(), active.fingerprint());
+    assert_eq!(column_files(&ds), before);
+    // one partition's weights changed, every other column the mapped one
+    let at = batches[1].schema().index_of("weight").unwrap();
+    let mut columns = batches[1].columns().to_vec();
+    columns[at] = Arc::new(Float64Array::from(vec![1.0, 2.0, 3.0, 4.0]));
+    batches[1] = RecordBatch::try_new(batches[1].schema(), columns).unwrap();
+    let snap = ds
+        .update(&active.schema(), &batches, "one partition", None, false)
+        .unwrap();
+    let written: Vec<_> = column_files(&ds).difference(&before).cloned().collect();
+    assert_eq!(written.len(), 1, "{written:?}");
+    let mut expected = vec![1.0; 10];
+    expected[4..8].copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+    assert_eq!(snap.weights().unwrap().to_vec(), expected);
+    assert_eq!(
+        crate::identity_column(&snap, 1),
+        (0..10).collect::<Vec<_>>()
+    );
+}

@@ -84,24 +84,30 @@ def chunks(data: Any) -> list[Any]:
 
     Polars exports a frame as one record batch, copying a chunked frame
     into one (4 GB at 10^8 rows of five columns) before the engine cuts it
-    into partitions again. A frame whose columns share their chunk
-    boundaries (as :meth:`Dataset.get_metadata` gives them: one chunk per
-    partition, kept by element-wise changes) goes as one slice per chunk,
-    each exported without a copy; any other object goes whole.
+    into partitions again. A frame with a chunked column (as
+    :meth:`Dataset.get_metadata` gives them: one chunk per partition) goes
+    as one slice per chunk of its most chunked column: a column whose chunks
+    have those boundaries, or one chunk holding them all (a new column
+    polars computed whole), is exported without a copy. Anything else goes
+    whole.
 
     >>> a = pl.DataFrame({"x": [1, 2]})
-    >>> [p.height for p in chunks(pl.concat([a, a, a], rechunk=False))]
+    >>> parts = pl.concat([a, a, a], rechunk=False)
+    >>> [p.height for p in chunks(parts)]
     [2, 2, 2]
+    >>> whole = parts.with_columns(y=pl.len().over("x"))  # y: one chunk
+    >>> [p.n_chunks("all") for p in chunks(whole)]
+    [[1, 1], [1, 1], [1, 1]]
     >>> [p.height for p in chunks(pl.concat([a, a], rechunk=True))]
     [4]
     """
     if not isinstance(data, pl.DataFrame) or data.width == 0:
         return [data]
-    lengths = [s.chunk_lengths() for s in data.get_columns()]
-    if len(lengths[0]) < 2 or any(other != lengths[0] for other in lengths[1:]):
+    lengths = max((s.chunk_lengths() for s in data.get_columns()), key=len)
+    if len(lengths) < 2:
         return [data]
     pieces, at = [], 0
-    for n in lengths[0]:
+    for n in lengths:
         pieces.append(data.slice(at, n))
         at += n
     return pieces

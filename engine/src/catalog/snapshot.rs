@@ -73,10 +73,11 @@ struct Partition {
     opened: OnceLock<Opened>,
 }
 
-/// A partition's mapped columns.
+/// A partition's columns, each mapped on first use (the identity columns
+/// with the partition).
 #[derive(Debug)]
 struct Opened {
-    columns: Vec<Column>,
+    columns: Vec<OnceLock<Column>>,
     /// The values of `cache_id` and `sample_id`, for reads that check them
     /// first (`identity`).
     ids: ScalarBuffer<i64>,
@@ -90,44 +91,41 @@ struct Positions {
     weight: usize,
 }
 
-/// Map the column files of partition `i` (`entry`) of the snapshot at
-/// `path`: its fields, which must equal `expected` (partition 0's) when
-/// given, and its columns, the identity and weight columns decoded (of the
-/// right type and length, without nulls).
-fn open_partition(
+/// Map column `k` of partition `i` (`entry`) of the snapshot at `path`:
+/// its field must equal `expected` (partition 0's) when given; the identity
+/// and weight columns are decoded here (of the right type and length,
+/// without nulls).
+fn open_part_column(
     dir: &Path,
     path: &Path,
     i: usize,
     entry: &PartitionEntry,
-    expected: Option<&[arrow::datatypes::FieldRef]>,
+    k: usize,
+    expected: Option<&Field>,
     at: &Positions,
-) -> Result<(Vec<Field>, Opened)> {
+) -> Result<(Field, Column)> {
     let bad = |detail: String| Error::corrupt(path, detail);
-    let mut fields = Vec::with_capacity(entry.columns.len());
-    let mut columns = Vec::with_capacity(entry.columns.len());
-    for column in &entry.columns {
-        let (field, column) = open_column(dir, column)?;
-        fields.push(field);
-        columns.push(column);
+    let (field, column) = open_column(dir, &entry.columns[k])?;
+    if let Some(expected) = expected.filter(|e| **e != field) {
+        return Err(bad(format!(
+            "column {:?} is {} in partition {i}, {} in partition 0",
+            field.name(),
+            field.data_type(),
+            expected.data_type()
+        )));
     }
-    if let Some(expected) = expected {
-        if !expected.iter().map(|f| f.as_ref()).eq(fields.iter()) {
-            return Err(bad(format!(
-                "partition {i}'s column types differ from partition 0's"
-            )));
-        }
-    }
-    for (k, name, ty) in [
+    let required = [
         (at.cache, "cache_id", DataType::Int64),
         (at.sample, "sample_id", DataType::Int64),
         (at.weight, "weight", DataType::Float64),
-    ] {
-        if *fields[k].data_type() != ty {
+    ];
+    if let Some((_, name, ty)) = required.into_iter().find(|r| r.0 == k) {
+        if *field.data_type() != ty {
             return Err(bad(format!(
                 "snapshot lacks a non-null {ty} column {name:?}"
             )));
         }
-        let array = columns[k].decode()?;
+        let array = column.decode()?;
         if array.len() != entry.rows || array.null_count() != 0 {
             return Err(bad(format!(
                 "column {name:?} has {} rows ({} null), partition {i} of the snapshot {}",
@@ -137,8 +135,34 @@ fn open_partition(
             )));
         }
     }
+    Ok((field, column))
+}
+
+/// Map partition `i` (`entry`) of the snapshot at `path`: partition 0
+/// (`expected` None) every column, whose fields it returns (the snapshot's
+/// schema); any other its identity columns, the rest on first use.
+fn open_partition(
+    dir: &Path,
+    path: &Path,
+    i: usize,
+    entry: &PartitionEntry,
+    expected: Option<&[arrow::datatypes::FieldRef]>,
+    at: &Positions,
+) -> Result<(Vec<Field>, Opened)> {
+    let mut fields = Vec::with_capacity(entry.columns.len());
+    let columns: Vec<OnceLock<Column>> = entry.columns.iter().map(|_| OnceLock::new()).collect();
+    for (k, slot) in columns.iter().enumerate() {
+        if expected.is_some() && k != at.cache && k != at.sample {
+            continue;
+        }
+        let want = expected.map(|e| e[k].as_ref());
+        let (field, column) = open_part_column(dir, path, i, entry, k, want, at)?;
+        fields.push(field);
+        let _ = slot.set(column);
+    }
     let values = |k: usize| {
-        let array: &ArrayRef = columns[k].array.get().expect("decoded above");
+        let column = columns[k].get().expect("identity columns are opened above");
+        let array: &ArrayRef = column.array.get().expect("decoded when opened");
         array.as_primitive::<Int64Type>().values().clone()
     };
     let opened = Opened {
@@ -1290,11 +1314,8 @@ impl Snapshot {
             .partitions
             .iter()
             .map(|part| {
-                let arrays = self
-                    .opened(part)?
-                    .columns
-                    .iter()
-                    .map(|c| c.whole().cloned())
+                let arrays = (0..self.schema.fields().len())
+                    .map(|k| self.column(part, k)?.whole().cloned())
                     .collect::<Result<Vec<_>>>()?;
                 RecordBatch::try_new(self.schema.clone(), arrays)
                     .map_err(|e| Error::corrupt(&self.path, e.to_string()))
@@ -1338,7 +1359,7 @@ impl Snapshot {
                 continue;
             };
             for (k, column) in opened.columns.iter().enumerate() {
-                if let Some(array) = column.array.get() {
+                if let Some(array) = column.get().and_then(|c| c.array.get()) {
                     let nullable = self.schema.field(k).is_nullable();
                     let at = address(&array.to_data(), nullable);
                     if at.0 != 0 {
@@ -1361,20 +1382,46 @@ impl Snapshot {
             weight: self.weight_col,
         };
         let dir = self.path.parent().unwrap_or(Path::new("."));
-        let i = self
-            .partitions
-            .iter()
-            .position(|p| std::ptr::eq(p, part))
-            .unwrap_or(0);
         let (_, opened) = open_partition(
             dir,
             &self.path,
-            i,
+            self.index_of(part),
             &part.entry,
             Some(self.schema.fields()),
             &at,
         )?;
         Ok(part.opened.get_or_init(|| opened))
+    }
+
+    /// Column `k` of partition `part`, mapped on first use.
+    fn column<'a>(&self, part: &'a Partition, k: usize) -> Result<&'a Column> {
+        let opened = self.opened(part)?;
+        if let Some(column) = opened.columns[k].get() {
+            return Ok(column);
+        }
+        let at = Positions {
+            cache: self.cache_col,
+            sample: self.sample_col,
+            weight: self.weight_col,
+        };
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let (_, column) = open_part_column(
+            dir,
+            &self.path,
+            self.index_of(part),
+            &part.entry,
+            k,
+            Some(self.schema.field(k)),
+            &at,
+        )?;
+        Ok(opened.columns[k].get_or_init(|| column))
+    }
+
+    fn index_of(&self, part: &Partition) -> usize {
+        self.partitions
+            .iter()
+            .position(|p| std::ptr::eq(p, part))
+            .unwrap_or(0)
     }
 
     /// The partition of `row` and the row's position in it.
@@ -1394,8 +1441,9 @@ impl Snapshot {
     pub fn identity(&self, row: usize) -> Result<(i64, i64)> {
         let (part, r) = self.locate(row);
         let part = self.opened(part)?;
-        part.columns[self.cache_col].check(&part.ids, r)?;
-        part.columns[self.sample_col].check(&part.samples, r)?;
+        let column = |k: usize| part.columns[k].get().expect("opened with the partition");
+        column(self.cache_col).check(&part.ids, r)?;
+        column(self.sample_col).check(&part.samples, r)?;
         Ok((part.ids[r], part.samples[r]))
     }
 
@@ -1405,9 +1453,8 @@ impl Snapshot {
         self.partitions
             .iter()
             .map(|part| {
-                let part = self.opened(part)?;
-                let ids = part.columns[self.cache_col].whole()?;
-                let samples = part.columns[self.sample_col].whole()?;
+                let ids = self.column(part, self.cache_col)?.whole()?;
+                let samples = self.column(part, self.sample_col)?.whole()?;
                 Ok((
                     ids.as_primitive::<Int64Type>().values().as_ref(),
                     samples.as_primitive::<Int64Type>().values().as_ref(),
@@ -1422,7 +1469,8 @@ impl Snapshot {
             .partitions
             .iter()
             .map(|part| {
-                Ok(self.opened(part)?.columns[self.weight_col]
+                Ok(self
+                    .column(part, self.weight_col)?
                     .whole()?
                     .as_primitive::<Float64Type>()
                     .values()

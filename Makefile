@@ -45,8 +45,14 @@ rust-test:
 	cargo test --workspace
 
 # Every optional dependency is installed here: a skip for a missing one fails.
+# Then damage, updates, snapshots, draws and resume again over snapshots cut
+# into partitions of 7 rows (at the default, 2^22, every test population is
+# one partition; the whole suite passes so too, these take ~40 s).
 py-test: develop
 	DATASETRT_REQUIRE_ALL=1 $(PY) -m pytest
+	DATASETRT_PARTITION_ROWS=7 DATASETRT_REQUIRE_ALL=1 $(PY) -m pytest -p no:cacheprovider \
+		tests/test_damage.py tests/test_update_properties.py tests/test_snapshots.py \
+		tests/test_sampling_modes.py tests/test_resume.py
 
 # The readers of stored files under many more mutated inputs than the
 # 300 per reader that `make test` runs (engine/tests/it/fuzz.rs), and the

@@ -8,7 +8,7 @@ makes per partition; the assumptions are arguments with defaults, printed
 with the table.
 
     python tests/bench/scale_sim.py /tmp/scale.json
-    python tests/bench/scale_sim.py /tmp/scale.json --part-rows 67108864 --nodes 16
+    python tests/bench/scale_sim.py /tmp/scale.json --part-rows 4194304 --nodes 16
 """
 
 from __future__ import annotations
@@ -96,9 +96,13 @@ def simulate(cost: dict, rows: int, a: argparse.Namespace) -> dict:
         "files": parts * (columns + 1) + 2,
         "largest file": human_bytes(part_rows * 8),
         "on disk (columns + alias)": human_bytes(snap + alias),
-        # the manifest lists partitions; chunks (1 MiB CRCs) are verified when
-        # first read, once per node (a verified-chunk bitmap in shared memory)
-        "open / process": human_s(parts * 20e-6 + 1e-3),
+        # measured: open maps partition 0, a first batch the identity columns
+        # of each partition its draws land in (at most one per draw); chunks
+        # are checked when first read, once per node
+        "open / process": human_s(
+            cost["part_open_base_s"] + min(parts, a.batch) * cost["part_open_s"]
+        )
+        + " (open + first batch)",
         "verify reads / node": human_bytes(min(cold_reads, hot_parts)),
         "anon / reader": f"{cost['anon_mib'] + parts * 256 / 2**20:.0f} MiB",
         "loader hot set / node": human_bytes(hot_parts),
@@ -109,7 +113,15 @@ def simulate(cost: dict, rows: int, a: argparse.Namespace) -> dict:
         f"({parts} tables in parallel + one of {parts} masses)",
         "alias table (mapped)": human_bytes(part_rows * alias_per_row) + " / partition",
         "reweight writes": human_bytes(rows * 8),
-        "reweight": human_s(cost["reweight_s_per_row"] * part_rows * waves) + " (parallel)",
+        # measured: a reweight of clustered rows writes their partitions
+        # only; the rest is linear (the new weight column is checked and
+        # hashed, every other column's hash known by address)
+        "reweight 1 % (clustered) writes": human_bytes(
+            math.ceil(rows / 100 / part_rows + 1) * part_rows * 8
+        ),
+        "reweight 1 % (clustered)": human_s(cost["reweight_1pct_s_per_row"] * rows)
+        if cost["reweight_1pct_s_per_row"] is not None
+        else "not measured",
     }
     return {"rows": rows, "ranks": ranks, "single": single, "partitioned": partitioned}
 
@@ -128,7 +140,22 @@ def costs(path: Path) -> tuple[dict, dict]:
         "alias_s_per_row": top["alias_build_s"] / n,
         "reweight_s_per_row": top["reweight_s"] / n,
         "anon_mib": top["reader_anon_read_mib"],
+        "reweight_1pct_s_per_row": (top["reweight_1pct_contiguous_s"] / n)
+        if "reweight_1pct_contiguous_s" in top
+        else None,
+        **part_open(data["sizes"]),
     }
+
+
+def part_open(sizes: list[dict]) -> dict:
+    """A later process's open + first batch as a fixed cost plus one per
+    partition it maps (the smallest and largest measured sizes)."""
+    small = min(sizes, key=lambda r: r["rows"])
+    top = max(sizes, key=lambda r: r["rows"])
+    base = small["second_reader_first_batch_s"]
+    extra = top.get("partitions", 1) - small.get("partitions", 1)
+    per = (top["second_reader_first_batch_s"] - base) / extra if extra > 0 else 0.0
+    return {"part_open_base_s": base, "part_open_s": max(per, 0.0)}
 
 
 def main() -> None:
@@ -136,7 +163,8 @@ def main() -> None:
     p.add_argument("measured", type=Path, help="JSON written by bench_scale.py --json")
     p.add_argument("--rows", type=float, nargs="+", default=[1e8, 1e9, 1e10])
     p.add_argument("--columns", type=int, default=5, help="columns in the snapshot")
-    p.add_argument("--part-rows", type=int, default=1 << 26, help="rows per partition")
+    p.add_argument("--part-rows", type=int, default=1 << 22, help="rows per partition")
+    p.add_argument("--batch", type=int, default=256, help="draws in a loader's first batch")
     p.add_argument("--nodes", type=int, default=16, help="training nodes")
     p.add_argument("--ranks-per-node", type=int, default=8)
     p.add_argument("--workers-per-rank", type=int, default=4, help="DataLoader workers")

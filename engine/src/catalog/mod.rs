@@ -510,7 +510,7 @@ impl Dataset {
         let mut used = std::collections::HashSet::new();
         for &n in &kept {
             if numbers.contains(&n) {
-                used.extend(snapshot::manifest_columns(&self.snapshot_dir, n)?);
+                used.extend(snapshot::used_names(&self.snapshot_dir, n)?);
             }
         }
         let mut deleted: Vec<String> = Vec::new();

@@ -592,6 +592,7 @@ impl Partitioned {
         if pending_rows > 0 {
             parts.push(flush(&mut pending, whole)?);
         }
+        let parts = parts.into_iter().map(tighten).collect::<Result<Vec<_>>>()?;
         let known = known.map(Snapshot::hashes_by_address).unwrap_or_default();
         let hashes = hash_partitions(&parts, &known);
         Ok(Partitioned {
@@ -627,32 +628,70 @@ fn compact_variable(slice: &RecordBatch) -> Result<RecordBatch> {
         .iter()
         .map(|c| match fixed_width(&c.to_data()) {
             Some(_) => Ok(c.clone()),
-            None => Ok(compact_arrays(&[c.to_data()], c.len())?),
+            None => compact_one(&c.to_data()),
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(RecordBatch::try_new(slice.schema(), columns)?)
 }
 
-/// `pieces` of one column as one fresh array of `rows` values.
-fn compact_arrays(pieces: &[ArrayData], rows: usize) -> Result<ArrayRef> {
+/// `data` (a slice) as one fresh array of its values.
+fn compact_one(data: &ArrayData) -> Result<ArrayRef> {
     use arrow::array::{make_array, MutableArrayData};
-    let mut out = MutableArrayData::new(pieces.iter().collect(), false, rows);
-    for (k, d) in pieces.iter().enumerate() {
-        out.try_extend(k, 0, d.len())?;
-    }
+    let mut out = MutableArrayData::new(vec![data], false, data.len());
+    out.try_extend(0, 0, data.len())?;
     Ok(make_array(out.freeze()))
 }
 
-/// `pieces` (of `schema`) as one batch of fresh arrays that start at 0.
+/// `pieces` (of `schema`) as one batch of fresh arrays that start at 0
+/// (`concat`: dictionaries are merged, and one too large for its key type
+/// is an error).
 fn compact(schema: &SchemaRef, pieces: &[RecordBatch]) -> Result<RecordBatch> {
-    let rows: usize = pieces.iter().map(|p| p.num_rows()).sum();
     let columns = (0..schema.fields().len())
         .map(|i| {
-            let data: Vec<ArrayData> = pieces.iter().map(|p| p.column(i).to_data()).collect();
-            compact_arrays(&data, rows)
+            let arrays: Vec<&dyn Array> = pieces.iter().map(|p| p.column(i).as_ref()).collect();
+            Ok(arrow::compute::concat(&arrays)?)
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(RecordBatch::try_new(schema.clone(), columns)?)
+}
+
+/// `batch` with every string or binary view column that holds more than
+/// twice the bytes its rows refer to (a slice of a larger column, or a
+/// copy of one: view arrays keep their source's data buffers) copied down
+/// to those bytes, so that a partition's file and hash cover only its rows.
+fn tighten(batch: RecordBatch) -> Result<RecordBatch> {
+    fn loose(used: usize, buffers: &[arrow::buffer::Buffer]) -> bool {
+        buffers.iter().map(|b| b.len()).sum::<usize>() > 2 * used + 1024
+    }
+    let mut changed = false;
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|c| -> ArrayRef {
+            match c.data_type() {
+                DataType::Utf8View => {
+                    let a = c.as_string_view();
+                    if loose(a.total_buffer_bytes_used(), a.data_buffers()) {
+                        changed = true;
+                        return Arc::new(a.gc());
+                    }
+                }
+                DataType::BinaryView => {
+                    let a = c.as_binary_view();
+                    if loose(a.total_buffer_bytes_used(), a.data_buffers()) {
+                        changed = true;
+                        return Arc::new(a.gc());
+                    }
+                }
+                _ => {}
+            }
+            c.clone()
+        })
+        .collect();
+    if !changed {
+        return Ok(batch);
+    }
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
 /// Where a fixed-width array without nulls keeps its values: address of
@@ -1055,6 +1094,38 @@ fn check_table(
     })
 }
 
+/// The name (before `.alias`) of the alias table over `manifest`'s weights:
+/// the weight column's hash (one partition) or a hash over every
+/// partition's rows and weight hash. `None` without a weight column.
+fn weights_name(manifest: &Manifest) -> Option<String> {
+    let parts = &manifest.partitions;
+    let at = parts
+        .first()?
+        .columns
+        .iter()
+        .position(|c| c.name == "weight")?;
+    if let [one] = parts.as_slice() {
+        return Some(one.columns[at].hash.clone());
+    }
+    let mut h = Xxh3::new();
+    h.update(b"partitioned weights");
+    for part in parts {
+        h.update(&(part.rows as u64).to_le_bytes());
+        h.update(part.columns.get(at)?.hash.as_bytes());
+    }
+    Some(format!("{:032x}", h.digest128()))
+}
+
+/// The names (before the first `.`) of every file of `columns/` snapshot
+/// `number` uses: its column files and their chunk tables, and the alias
+/// table over its weights.
+pub fn used_names(dir: &Path, number: u64) -> Result<Vec<String>> {
+    let manifest = read_manifest(dir, number)?;
+    let mut names: Vec<String> = manifest.columns().map(|c| c.hash.clone()).collect();
+    names.extend(weights_name(&manifest));
+    Ok(names)
+}
+
 /// The column hashes a snapshot manifest names (checksum verified), each
 /// once (partitions may share a file).
 pub fn manifest_columns(dir: &Path, number: u64) -> Result<Vec<String>> {
@@ -1228,7 +1299,7 @@ impl Snapshot {
         let (fields, zero) = open_partition(dir, &path, 0, first, None, &at)?;
         let mut partitions = Vec::with_capacity(manifest.partitions.len());
         let mut start = 0;
-        for entry in manifest.partitions {
+        for entry in manifest.partitions.iter().cloned() {
             partitions.push(Partition {
                 start,
                 rows: entry.rows,
@@ -1240,18 +1311,7 @@ impl Snapshot {
         }
         let _ = partitions[0].opened.set(zero);
         let (cache_col, sample_col, weight_col) = (at.cache, at.sample, at.weight);
-        let weight_hash = match partitions.as_slice() {
-            [one] => one.hashes[weight_col].clone(),
-            _ => {
-                let mut h = Xxh3::new();
-                h.update(b"partitioned weights");
-                for part in &partitions {
-                    h.update(&(part.rows as u64).to_le_bytes());
-                    h.update(part.hashes[weight_col].as_bytes());
-                }
-                format!("{:032x}", h.digest128())
-            }
-        };
+        let weight_hash = weights_name(&manifest).expect("the weight column was found above");
         Ok(Snapshot {
             number,
             path,

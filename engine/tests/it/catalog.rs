@@ -544,3 +544,107 @@ fn the_active_snapshots_own_columns_handed_back_are_stored_as_they_are() {
         (0..10).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn cleanup_keeps_the_alias_table_of_a_kept_partitioned_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    write_cache(dir.path(), "a", 10, WriterOptions::default());
+    let ds = partitioned(dir.path(), 4);
+    let a = ds.caches()[0].id();
+    let batch = frame(
+        vec![a; 10],
+        (0..10).collect(),
+        (1..=10).map(f64::from).collect(),
+    );
+    let snap = ds
+        .update(&batch.schema(), &[batch], "weights", None, false)
+        .unwrap();
+    let replacement = datasetrt::sample::Sampling::parse("replacement").unwrap();
+    snap.sampler(replacement, 1, 0, 10).unwrap(); // stores the alias table
+    let aliases = || -> Vec<_> {
+        std::fs::read_dir(ds.snapshot_dir().join("columns"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().ends_with(".alias"))
+            .collect()
+    };
+    assert_eq!(aliases().len(), 1);
+    assert_eq!(ds.cleanup(1).unwrap(), vec![0]);
+    assert_eq!(
+        aliases().len(),
+        1,
+        "cleanup deleted the kept snapshot's alias table"
+    );
+}
+
+#[test]
+fn a_partition_holds_the_bytes_of_its_own_strings_only() {
+    let dir = tempfile::tempdir().unwrap();
+    write_cache(dir.path(), "a", 64, WriterOptions::default());
+    let ds = partitioned(dir.path(), 8);
+    let a = ds.caches()[0].id();
+    let base = frame(vec![a; 64], (0..64).collect(), vec![1.0; 64]);
+    // one batch of long strings (not inlined in their views): every
+    // partition cut from it shares its data buffer
+    let paths: arrow::array::StringViewArray = (0..64)
+        .map(|i| Some(format!("s3://bucket/some/long/prefix/sample-{i:08}.jpg")))
+        .collect();
+    let mut fields = base.schema().fields().to_vec();
+    fields.push(Arc::new(Field::new("path", DataType::Utf8View, false)));
+    let mut columns = base.columns().to_vec();
+    columns.push(Arc::new(paths));
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
+    let snap = ds
+        .update(
+            &batch.schema(),
+            std::slice::from_ref(&batch),
+            "paths",
+            None,
+            false,
+        )
+        .unwrap();
+    assert_eq!(crate::whole(&snap).unwrap(), batch);
+    let manifest = read_manifest(ds.snapshot_dir(), snap.number()).unwrap();
+    let lens: Vec<u64> = manifest
+        .partitions
+        .iter()
+        .map(|p| {
+            p.columns
+                .iter()
+                .find(|c| c.name == "path")
+                .unwrap()
+                .len
+                .unwrap()
+        })
+        .collect();
+    let all_strings = 64 * 45;
+    assert!(lens.iter().all(|&l| l < all_strings / 2), "{lens:?}");
+}
+
+#[test]
+fn dictionaries_that_outgrow_their_keys_are_an_error_not_a_crash() {
+    use arrow::array::{DictionaryArray, Int8Array, StringArray};
+    use arrow::datatypes::Int8Type;
+    let dir = tempfile::tempdir().unwrap();
+    write_cache(dir.path(), "a", 200, WriterOptions::default());
+    let ds = partitioned(dir.path(), 256);
+    let a = ds.caches()[0].id();
+    let piece = |from: i64| {
+        let base = frame(vec![a; 100], (from..from + 100).collect(), vec![1.0; 100]);
+        let values: Vec<String> = (from..from + 100).map(|i| format!("v{i}")).collect();
+        let keys = Int8Array::from((0..100).map(|i| i as i8).collect::<Vec<_>>());
+        let dict = DictionaryArray::<Int8Type>::try_new(keys, Arc::new(StringArray::from(values)))
+            .unwrap();
+        let mut fields = base.schema().fields().to_vec();
+        fields.push(Arc::new(Field::new("tag", dict.data_type().clone(), false)));
+        let mut columns = base.columns().to_vec();
+        columns.push(Arc::new(dict));
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+    };
+    let (one, two) = (piece(0), piece(100));
+    // one partition of 200 rows from both: 200 values do not fit Int8 keys
+    match ds.update(&one.schema(), &[one.clone(), two], "tags", None, false) {
+        Err(Error::Arrow(_) | Error::InvalidInput { .. }) | Ok(_) => {}
+        Err(e) => panic!("unexpected error {e}"),
+    }
+}

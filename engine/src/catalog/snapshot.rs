@@ -65,10 +65,11 @@ pub struct Snapshot {
 /// mapped when a read first needs the partition (partition 0 at `open`).
 #[derive(Debug)]
 struct Partition {
+    /// Its place in the snapshot's list (for error messages).
+    index: usize,
     start: usize,
     rows: usize,
-    /// The content hash of each column file, as the manifest names it.
-    hashes: Vec<String>,
+    /// Its manifest lines: rows and column files (hash, CRC, length, name).
     entry: PartitionEntry,
     opened: OnceLock<Opened>,
 }
@@ -1299,11 +1300,11 @@ impl Snapshot {
         let (fields, zero) = open_partition(dir, &path, 0, first, None, &at)?;
         let mut partitions = Vec::with_capacity(manifest.partitions.len());
         let mut start = 0;
-        for entry in manifest.partitions.iter().cloned() {
+        for (index, entry) in manifest.partitions.iter().cloned().enumerate() {
             partitions.push(Partition {
+                index,
                 start,
                 rows: entry.rows,
-                hashes: entry.columns.iter().map(|c| c.hash.clone()).collect(),
                 entry,
                 opened: OnceLock::new(),
             });
@@ -1403,8 +1404,8 @@ impl Snapshot {
             .iter()
             .map(|p| {
                 (
-                    p.hashes[self.cache_col].as_str(),
-                    p.hashes[self.sample_col].as_str(),
+                    p.entry.columns[self.cache_col].hash.as_str(),
+                    p.entry.columns[self.sample_col].hash.as_str(),
                 )
             })
             .collect()
@@ -1425,7 +1426,7 @@ impl Snapshot {
                     let nullable = self.schema.field(k).is_nullable();
                     let at = address(&array.to_data(), nullable);
                     if at.0 != 0 {
-                        known.insert(at, part.hashes[k].as_str());
+                        known.insert(at, part.entry.columns[k].hash.as_str());
                     }
                 }
             }
@@ -1438,19 +1439,13 @@ impl Snapshot {
         if let Some(opened) = part.opened.get() {
             return Ok(opened);
         }
-        let at = Positions {
-            cache: self.cache_col,
-            sample: self.sample_col,
-            weight: self.weight_col,
-        };
-        let dir = self.path.parent().unwrap_or(Path::new("."));
         let (_, opened) = open_partition(
-            dir,
+            self.dir(),
             &self.path,
-            self.index_of(part),
+            part.index,
             &part.entry,
             Some(self.schema.fields()),
-            &at,
+            &self.positions(),
         )?;
         Ok(part.opened.get_or_init(|| opened))
     }
@@ -1461,29 +1456,30 @@ impl Snapshot {
         if let Some(column) = opened.columns[k].get() {
             return Ok(column);
         }
-        let at = Positions {
-            cache: self.cache_col,
-            sample: self.sample_col,
-            weight: self.weight_col,
-        };
-        let dir = self.path.parent().unwrap_or(Path::new("."));
         let (_, column) = open_part_column(
-            dir,
+            self.dir(),
             &self.path,
-            self.index_of(part),
+            part.index,
             &part.entry,
             k,
             Some(self.schema.field(k)),
-            &at,
+            &self.positions(),
         )?;
         Ok(opened.columns[k].get_or_init(|| column))
     }
 
-    fn index_of(&self, part: &Partition) -> usize {
-        self.partitions
-            .iter()
-            .position(|p| std::ptr::eq(p, part))
-            .unwrap_or(0)
+    /// Where the columns every partition has are.
+    fn positions(&self) -> Positions {
+        Positions {
+            cache: self.cache_col,
+            sample: self.sample_col,
+            weight: self.weight_col,
+        }
+    }
+
+    /// The snapshot's directory (its manifest's).
+    fn dir(&self) -> &Path {
+        self.path.parent().unwrap_or(Path::new("."))
     }
 
     /// The partition of `row` and the row's position in it.
@@ -1598,11 +1594,7 @@ impl Snapshot {
         if let Some(table) = self.alias.get() {
             return Ok(table);
         }
-        let dir = self
-            .path
-            .parent()
-            .unwrap_or(Path::new("."))
-            .join(COLUMNS_DIR);
+        let dir = self.dir().join(COLUMNS_DIR);
         let path = dir.join(format!("{}.alias", self.weight_hash));
         let table = AliasTable::load_or_build(&path, self.rows, &|| self.weights())?;
         Ok(self.alias.get_or_init(|| table))

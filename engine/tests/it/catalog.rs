@@ -349,12 +349,17 @@ fn a_snapshot_no_head_named_is_uncommitted_and_the_next_commit_removes_it() {
     assert_eq!(read_manifest(&snap_dir, 3).unwrap().parent, Some(1));
 }
 
-fn partitioned(dir: &std::path::Path, rows: usize) -> Dataset {
+/// A dataset of one cache of `records` samples whose snapshots are cut
+/// into partitions of `partition_rows` rows.
+fn one_cache(records: usize, partition_rows: usize) -> (tempfile::TempDir, Dataset) {
+    let dir = tempfile::tempdir().unwrap();
+    write_cache(dir.path(), "a", records, WriterOptions::default());
     let options = OpenOptions {
-        partition_rows: Some(rows),
+        partition_rows: Some(partition_rows),
         ..Default::default()
     };
-    Dataset::open(&[dir.to_path_buf()], options).unwrap()
+    let ds = Dataset::open(&[dir.path().to_path_buf()], options).unwrap();
+    (dir, ds)
 }
 
 fn column_files(ds: &Dataset) -> std::collections::BTreeSet<String> {
@@ -441,9 +446,7 @@ fn a_partitioned_snapshot_reads_as_one_population() {
 
 #[test]
 fn a_reweight_writes_only_the_partitions_it_changes() {
-    let dir = tempfile::tempdir().unwrap();
-    write_cache(dir.path(), "a", 10, WriterOptions::default());
-    let ds = partitioned(dir.path(), 4);
+    let (_dir, ds) = one_cache(10, 4);
     let before = column_files(&ds);
     let mut weights: Vec<f64> = (0..10).map(|i| 1.0 + i as f64).collect();
     let a = ds.caches()[0].id();
@@ -469,9 +472,7 @@ fn a_reweight_writes_only_the_partitions_it_changes() {
 
 #[test]
 fn a_bad_row_of_a_partitioned_update_is_named_by_its_place_in_the_whole() {
-    let dir = tempfile::tempdir().unwrap();
-    write_cache(dir.path(), "a", 10, WriterOptions::default());
-    let ds = partitioned(dir.path(), 4);
+    let (_dir, ds) = one_cache(10, 4);
     let a = ds.caches()[0].id();
     let mut samples: Vec<i64> = (0..10).collect();
     samples[9] = 10; // not stored
@@ -514,9 +515,7 @@ fn a_snapshot_written_before_partitions_still_opens() {
 
 #[test]
 fn the_active_snapshots_own_columns_handed_back_are_stored_as_they_are() {
-    let dir = tempfile::tempdir().unwrap();
-    write_cache(dir.path(), "a", 10, WriterOptions::default());
-    let ds = partitioned(dir.path(), 4);
+    let (_dir, ds) = one_cache(10, 4);
     let active = ds.snapshot();
     let mut batches = active.batches().unwrap().to_vec();
     let before = column_files(&ds);
@@ -547,9 +546,7 @@ fn the_active_snapshots_own_columns_handed_back_are_stored_as_they_are() {
 
 #[test]
 fn cleanup_keeps_the_alias_table_of_a_kept_partitioned_snapshot() {
-    let dir = tempfile::tempdir().unwrap();
-    write_cache(dir.path(), "a", 10, WriterOptions::default());
-    let ds = partitioned(dir.path(), 4);
+    let (_dir, ds) = one_cache(10, 4);
     let a = ds.caches()[0].id();
     let batch = frame(
         vec![a; 10],
@@ -579,9 +576,7 @@ fn cleanup_keeps_the_alias_table_of_a_kept_partitioned_snapshot() {
 
 #[test]
 fn a_partition_holds_the_bytes_of_its_own_strings_only() {
-    let dir = tempfile::tempdir().unwrap();
-    write_cache(dir.path(), "a", 64, WriterOptions::default());
-    let ds = partitioned(dir.path(), 8);
+    let (_dir, ds) = one_cache(64, 8);
     let a = ds.caches()[0].id();
     let base = frame(vec![a; 64], (0..64).collect(), vec![1.0; 64]);
     // one batch of long strings (not inlined in their views): every
@@ -625,9 +620,7 @@ fn a_partition_holds_the_bytes_of_its_own_strings_only() {
 fn dictionaries_that_outgrow_their_keys_are_an_error_not_a_crash() {
     use arrow::array::{DictionaryArray, Int8Array, StringArray};
     use arrow::datatypes::Int8Type;
-    let dir = tempfile::tempdir().unwrap();
-    write_cache(dir.path(), "a", 200, WriterOptions::default());
-    let ds = partitioned(dir.path(), 256);
+    let (_dir, ds) = one_cache(200, 256);
     let a = ds.caches()[0].id();
     let piece = |from: i64| {
         let base = frame(vec![a; 100], (from..from + 100).collect(), vec![1.0; 100]);

@@ -111,7 +111,7 @@ class _Lists:
     def to_arrow(self) -> pl.DataFrame:
         return pl.DataFrame(
             {
-                "row": pl.Series(self._rows, dtype=pl.UInt32),
+                "row": pl.Series(self._rows, dtype=pl.UInt64),
                 "cache_id": pl.Series(self._cache_id, dtype=pl.Int64),
                 "sample_id": pl.Series(self._sample_id, dtype=pl.Int64),
                 "data": pl.Series(self._data, dtype=pl.Binary),

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use arrow::array::{AsArray, ByteView, RecordBatch, MAX_INLINE_VIEW_LEN};
 use arrow::buffer::Buffer;
-use arrow::datatypes::{Int64Type, UInt32Type, UInt64Type};
+use arrow::datatypes::{Int64Type, UInt64Type};
 use datasetrt::store::CacheSet;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyMemoryView, PySlice};
@@ -147,10 +147,10 @@ impl PyBatch {
     }
 
     /// Rows of the loader's snapshot, in draw order.
-    fn rows(&self) -> Vec<u32> {
+    fn rows(&self) -> Vec<u64> {
         self.batch
             .column(ROW)
-            .as_primitive::<UInt32Type>()
+            .as_primitive::<UInt64Type>()
             .values()
             .to_vec()
     }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use std::time::Duration;
 
-use arrow::array::{RecordBatch, UInt32Array};
+use arrow::array::{RecordBatch, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use datasetrt::catalog::Snapshot;
 use datasetrt::load::Loader;
@@ -179,9 +179,10 @@ impl PyDataset {
     ) -> PyResult<PyTable> {
         let snapshot = self.pinned(version)?;
         let sampling = Sampling::parse(sampling).py()?;
-        let rows = detach(py, move || -> datasetrt::Result<Vec<u32>> {
+        let rows = detach(py, move || -> datasetrt::Result<Vec<u64>> {
             let len = snapshot.epoch_len(sampling, epoch_len)?;
             let sampler = snapshot.sampler(sampling, seed, epoch, len)?;
+            sampler.prepare(start..start + count as u64, datasetrt::threads())?;
             (start..start + count as u64)
                 .map(|k| sampler.row(k))
                 .collect()
@@ -189,10 +190,10 @@ impl PyDataset {
         .py()?;
         let schema = Arc::new(Schema::new(vec![Field::new(
             "row",
-            DataType::UInt32,
+            DataType::UInt64,
             false,
         )]));
-        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(UInt32Array::from(rows))])
+        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(UInt64Array::from(rows))])
             .map_err(|e| invalid(e.to_string()))?;
         PyTable::try_new(vec![batch], schema)
     }

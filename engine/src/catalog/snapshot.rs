@@ -18,7 +18,9 @@ use arrow::buffer::ScalarBuffer;
 use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef};
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::sample::{AliasTable, DrawPlan, EpochSampler, Sampling, Weights};
+use crate::sample::{
+    mass, AliasTable, DrawPlan, EpochSampler, PartitionTables, Sampling, TwoLevelAlias, Weights,
+};
 use crate::store::checksum::{crc32c, open_sealed_text, seal_text};
 use crate::store::chunks::{self, ChunkCheck, ChunkTable};
 use crate::store::{fs, ipc, CacheSet};
@@ -26,8 +28,10 @@ use crate::{Error, Result};
 
 const HEADER: &str = "datasetrt-snapshot";
 /// Version 2 adds per-column checksums and lengths, `parent`, and escaping;
-/// version 3 partitions (`partition=<rows>` before each partition's columns).
-const VERSION: u32 = 3;
+/// version 3 partitions (`partition=<rows>` before each partition's columns);
+/// version 4 each partition's weight mass (`partition=<rows> <mass>`), so
+/// that weighted draws pick a partition before reading any of its weights.
+const VERSION: u32 = 4;
 pub const COLUMNS_DIR: &str = "columns";
 
 /// One immutable population: `cache_id`, `sample_id`, user columns, `weight`,
@@ -50,15 +54,14 @@ pub struct Snapshot {
     note: String,
     created_unix_ms: u64,
     parent: Option<u64>,
-    rows_by_sample: OnceLock<Vec<Vec<u32>>>,
-    alias: OnceLock<AliasTable>,
+    rows_by_sample: OnceLock<Vec<Vec<u64>>>,
+    /// Weighted draws: a table over the partitions' masses, each
+    /// partition's own table made when a draw first lands there.
+    alias: OnceLock<Arc<TwoLevelAlias>>,
     /// The epoch samplers built last, by (sampling, seed, epoch, epoch_len):
     /// a loader's draws and its read-ahead walk the same epoch, and a sorted
     /// order (weighted without replacement, balanced) is built once for both.
     samplers: Mutex<Vec<(SamplerKey, EpochSampler)>>,
-    /// Names the shared alias table file: the weight column's content hash
-    /// (one partition) or a hash of every partition's weight hash.
-    weight_hash: String,
 }
 
 /// Rows `start .. start + rows` of a snapshot: one column file per column,
@@ -86,6 +89,7 @@ struct Opened {
 }
 
 /// Positions of the columns every partition has.
+#[derive(Debug, Clone)]
 struct Positions {
     cache: usize,
     sample: usize,
@@ -172,6 +176,55 @@ fn open_partition(
         columns,
     };
     Ok((fields, opened))
+}
+
+/// Where a snapshot's per-partition alias tables come from: each is named
+/// by its partition's weight column hash and built from that column, which
+/// is mapped for the build only (the table is what draws read).
+#[derive(Debug)]
+struct WeightTables {
+    dir: PathBuf,
+    /// The manifest (error messages).
+    path: PathBuf,
+    partitions: Vec<PartitionEntry>,
+    /// Each partition's weight mass, as the top table was built from.
+    masses: Vec<f64>,
+    field: Field,
+    at: Positions,
+}
+
+impl PartitionTables for WeightTables {
+    fn table(&self, p: usize) -> Result<AliasTable> {
+        let entry = &self.partitions[p];
+        let hash = &entry.columns[self.at.weight].hash;
+        let file = self.dir.join(COLUMNS_DIR).join(format!("{hash}.alias"));
+        if let Some(table) = AliasTable::stored(&file, entry.rows)? {
+            return Ok(table);
+        }
+        let (_, column) = open_part_column(
+            &self.dir,
+            &self.path,
+            p,
+            entry,
+            self.at.weight,
+            Some(&self.field),
+            &self.at,
+        )?;
+        let weights = column.whole()?.as_primitive::<Float64Type>().values();
+        // the top table drew this partition by its recorded mass: a
+        // manifest whose mass is not its weights' would skew every draw
+        let summed = mass(weights);
+        if summed != self.masses[p] {
+            return Err(Error::corrupt(
+                &self.path,
+                format!(
+                    "partition {p}'s weights sum to {summed:?}, its manifest records {:?}",
+                    self.masses[p]
+                ),
+            ));
+        }
+        AliasTable::build_stored(&file, &weights.as_ref().into())
+    }
 }
 
 /// One mapped column file of a snapshot and how its bytes are checked.
@@ -302,7 +355,7 @@ fn open_column(dir: &Path, entry: &ColumnEntry) -> Result<(Field, Column)> {
     Ok((field, column))
 }
 
-pub const NO_ROW: u32 = u32::MAX;
+pub const NO_ROW: u64 = u64::MAX;
 
 type SamplerKey = (Sampling, u64, u64, u64);
 
@@ -529,7 +582,12 @@ pub fn default_partition_rows() -> usize {
         .and_then(|v| v.trim().parse().ok())
         .filter(|&n: &usize| n > 0)
         .unwrap_or(1 << 22)
+        .min(MAX_PARTITION_ROWS)
 }
+
+/// Rows of a partition are u32 (its alias table's entries): at most
+/// 2^32 - 1 of them. A population has any number of partitions.
+pub const MAX_PARTITION_ROWS: usize = u32::MAX as usize;
 
 /// A new population cut into partitions, each column of each hashed: what
 /// `publish` stores.
@@ -801,10 +859,14 @@ pub struct ColumnEntry {
     pub len: Option<u64>,
 }
 
-/// One partition as a manifest names it: its rows and column files.
+/// One partition as a manifest names it: its rows, weight mass and column
+/// files.
 #[derive(Debug, Clone)]
 pub struct PartitionEntry {
     pub rows: usize,
+    /// The sum of its weights in row order ([`crate::sample::mass`]); `None`
+    /// before version 4 (then summed from the weights when first needed).
+    pub mass: Option<f64>,
     pub columns: Vec<ColumnEntry>,
 }
 
@@ -937,13 +999,25 @@ pub fn publish(
     parent: Option<u64>,
 ) -> Result<u64> {
     let mut known: HashMap<String, StoredChecksums> = HashMap::new();
+    // the weight mass of every weight column the parent names, by hash
+    let mut masses: HashMap<String, f64> = HashMap::new();
     if let Some(manifest) = parent.and_then(|p| read_manifest(dir, p).ok()) {
         for c in manifest.columns() {
             if let (Some(crc), Some(len)) = (c.crc, c.len) {
                 known.insert(c.hash.clone(), (crc, len));
             }
         }
+        for part in &manifest.partitions {
+            let weight = part.columns.iter().find(|c| c.name == "weight");
+            if let (Some(mass), Some(weight)) = (part.mass, weight) {
+                masses.insert(weight.hash.clone(), mass);
+            }
+        }
     }
+    let weight_at = population
+        .schema
+        .index_of("weight")
+        .map_err(|_| Error::invalid("a population needs a weight column"))?;
     let mut stored = Vec::with_capacity(population.batches.len());
     for (batch, hashes) in population.batches.iter().zip(&population.hashes) {
         let columns = store_columns(dir, batch, hashes, &known)?;
@@ -984,8 +1058,25 @@ pub fn publish(
         "fingerprint={}",
         fingerprint(population.rows, &names, &parts)
     );
-    for (batch, columns) in population.batches.iter().zip(&stored) {
-        let _ = writeln!(body, "partition={}", batch.num_rows());
+    for ((batch, columns), hashes) in population
+        .batches
+        .iter()
+        .zip(&stored)
+        .zip(&population.hashes)
+    {
+        let mass = match masses.get(&hashes[weight_at]) {
+            Some(&mass) => mass,
+            None => {
+                let weights = batch
+                    .column(weight_at)
+                    .as_primitive_opt::<Float64Type>()
+                    .ok_or_else(|| Error::invalid("a population's weight column is Float64"))?;
+                let mass = crate::sample::mass(weights.values());
+                masses.insert(hashes[weight_at].clone(), mass);
+                mass
+            }
+        };
+        let _ = writeln!(body, "partition={} {mass:?}", batch.num_rows());
         for (name, (hash, crc, len)) in names.iter().zip(columns) {
             let _ = writeln!(body, "column={hash} {crc:08x} {len} {}", escape(name));
         }
@@ -1095,36 +1186,12 @@ fn check_table(
     })
 }
 
-/// The name (before `.alias`) of the alias table over `manifest`'s weights:
-/// the weight column's hash (one partition) or a hash over every
-/// partition's rows and weight hash. `None` without a weight column.
-fn weights_name(manifest: &Manifest) -> Option<String> {
-    let parts = &manifest.partitions;
-    let at = parts
-        .first()?
-        .columns
-        .iter()
-        .position(|c| c.name == "weight")?;
-    if let [one] = parts.as_slice() {
-        return Some(one.columns[at].hash.clone());
-    }
-    let mut h = Xxh3::new();
-    h.update(b"partitioned weights");
-    for part in parts {
-        h.update(&(part.rows as u64).to_le_bytes());
-        h.update(part.columns.get(at)?.hash.as_bytes());
-    }
-    Some(format!("{:032x}", h.digest128()))
-}
-
 /// The names (before the first `.`) of every file of `columns/` snapshot
-/// `number` uses: its column files and their chunk tables, and the alias
-/// table over its weights.
+/// `number` uses: its column files, their chunk tables, and the alias
+/// tables of its weight columns (named by the weight column's hash).
 pub fn used_names(dir: &Path, number: u64) -> Result<Vec<String>> {
     let manifest = read_manifest(dir, number)?;
-    let mut names: Vec<String> = manifest.columns().map(|c| c.hash.clone()).collect();
-    names.extend(weights_name(&manifest));
-    Ok(names)
+    Ok(manifest.columns().map(|c| c.hash.clone()).collect())
 }
 
 /// The column hashes a snapshot manifest names (checksum verified), each
@@ -1160,6 +1227,7 @@ pub fn read_manifest(dir: &Path, number: u64) -> Result<Manifest> {
         partitions: match version {
             1 | 2 => vec![PartitionEntry {
                 rows: 0,
+                mass: None,
                 columns: Vec::new(),
             }],
             _ => Vec::new(),
@@ -1180,10 +1248,27 @@ pub fn read_manifest(dir: &Path, number: u64) -> Result<Manifest> {
             "note" if version == 1 => manifest.note = value.to_string(),
             "note" => manifest.note = unescape(value).ok_or_else(bad_line)?,
             "fingerprint" => manifest.fingerprint = value.to_string(),
-            "partition" if version >= 3 => manifest.partitions.push(PartitionEntry {
-                rows: value.parse().map_err(|_| bad_line())?,
-                columns: Vec::new(),
-            }),
+            "partition" if version >= 3 => {
+                let (rows, mass) = match value.split_once(' ') {
+                    Some((rows, mass)) if version >= 4 => (rows, Some(mass)),
+                    None if version == 3 => (value, None),
+                    _ => return Err(bad_line()),
+                };
+                let mass = match mass {
+                    Some(m) => Some(
+                        m.parse::<f64>()
+                            .ok()
+                            .filter(|m| m.is_finite() && *m >= 0.0)
+                            .ok_or_else(bad_line)?,
+                    ),
+                    None => None,
+                };
+                manifest.partitions.push(PartitionEntry {
+                    rows: rows.parse().map_err(|_| bad_line())?,
+                    mass,
+                    columns: Vec::new(),
+                })
+            }
             "column" if manifest.partitions.is_empty() => {
                 return Err(bad(format!(
                     "column line {line:?} before any partition line"
@@ -1237,6 +1322,12 @@ pub fn read_manifest(dir: &Path, number: u64) -> Result<Manifest> {
         if part.rows == 0 {
             return Err(bad(format!("partition {i} has no rows")));
         }
+        if part.rows > MAX_PARTITION_ROWS {
+            return Err(bad(format!(
+                "partition {i} has {} rows; a partition holds at most 2^32 - 1",
+                part.rows
+            )));
+        }
         if names(part) != first_names {
             return Err(bad(format!(
                 "partition {i} names columns {:?}, partition 0 {first_names:?}",
@@ -1278,12 +1369,6 @@ impl Snapshot {
         let path = dir.join(Self::file_name(number));
         let manifest = read_manifest(dir, number)?;
         let bad = |detail: String| Error::corrupt(&path, detail);
-        if manifest.rows > u32::MAX as usize - 1 {
-            return Err(bad(format!(
-                "{} rows: a snapshot holds at most 2^32 - 2 rows until draws are two-level (docs/scale.md)",
-                manifest.rows
-            )));
-        }
         let first = &manifest.partitions[0];
         let position = |name: &str| {
             first
@@ -1312,7 +1397,6 @@ impl Snapshot {
         }
         let _ = partitions[0].opened.set(zero);
         let (cache_col, sample_col, weight_col) = (at.cache, at.sample, at.weight);
-        let weight_hash = weights_name(&manifest).expect("the weight column was found above");
         Ok(Snapshot {
             number,
             path,
@@ -1330,7 +1414,6 @@ impl Snapshot {
             rows_by_sample: OnceLock::new(),
             alias: OnceLock::new(),
             samplers: Mutex::default(),
-            weight_hash,
         })
     }
 
@@ -1564,14 +1647,14 @@ impl Snapshot {
             return Ok(sampler.clone());
         }
         let alias = match sampling {
-            Sampling::Replacement => Some(self.alias_table()?),
+            Sampling::Replacement => Some(self.alias()?),
             _ => None,
         };
         let sampler = EpochSampler::new(
             sampling,
             self.rows,
             &|| self.weights(),
-            alias,
+            alias.as_ref(),
             seed,
             epoch,
             epoch_len,
@@ -1588,16 +1671,40 @@ impl Snapshot {
         self.sampler(plan.sampling, plan.seed, plan.epoch, plan.epoch_len)
     }
 
-    /// Alias table over the weights: built once per weight column, stored next
-    /// to the column files and mapped (shared by every process).
-    pub fn alias_table(&self) -> Result<&AliasTable> {
-        if let Some(table) = self.alias.get() {
-            return Ok(table);
+    /// The alias tables of weighted draws: one over the partitions' masses
+    /// (from the manifest; summed from the weights for a manifest older than
+    /// version 4), and one per partition, mapped, or built and stored next
+    /// to the column files (`<weight column hash>.alias`, shared by every
+    /// process and every snapshot with that weight column), when a draw
+    /// first lands in the partition.
+    pub fn alias(&self) -> Result<Arc<TwoLevelAlias>> {
+        if let Some(alias) = self.alias.get() {
+            return Ok(alias.clone());
         }
-        let dir = self.dir().join(COLUMNS_DIR);
-        let path = dir.join(format!("{}.alias", self.weight_hash));
-        let table = AliasTable::load_or_build(&path, self.rows, &|| self.weights())?;
-        Ok(self.alias.get_or_init(|| table))
+        let masses = self
+            .partitions
+            .iter()
+            .map(|part| match part.entry.mass {
+                Some(m) => Ok(m),
+                None => Ok(mass(
+                    self.column(part, self.weight_col)?
+                        .whole()?
+                        .as_primitive::<Float64Type>()
+                        .values(),
+                )),
+            })
+            .collect::<Result<Vec<f64>>>()?;
+        let rows: Vec<usize> = self.partitions.iter().map(|p| p.rows).collect();
+        let source = WeightTables {
+            dir: self.dir().to_path_buf(),
+            path: self.path.clone(),
+            partitions: self.partitions.iter().map(|p| p.entry.clone()).collect(),
+            masses: masses.clone(),
+            field: self.schema.field(self.weight_col).clone(),
+            at: self.positions(),
+        };
+        let alias = Arc::new(TwoLevelAlias::new(&rows, &masses, Box::new(source))?);
+        Ok(self.alias.get_or_init(|| alias).clone())
     }
 
     /// The first row of `(cache position, sample_id)` in this population, if any.
@@ -1628,8 +1735,8 @@ impl Snapshot {
 /// For each cache (sorted by id) and sample, the first row of the
 /// population (given as each partition's identity columns) that draws it
 /// (`NO_ROW` if none).
-fn rows_by_sample(caches: &CacheSet, parts: &[(&[i64], &[i64])]) -> Vec<Vec<u32>> {
-    let mut table: Vec<Vec<u32>> = caches
+fn rows_by_sample(caches: &CacheSet, parts: &[(&[i64], &[i64])]) -> Vec<Vec<u64>> {
+    let mut table: Vec<Vec<u64>> = caches
         .iter()
         .map(|c| vec![NO_ROW; c.records() as usize])
         .collect();
@@ -1649,7 +1756,7 @@ fn rows_by_sample(caches: &CacheSet, parts: &[(&[i64], &[i64])]) -> Vec<Vec<u32>
                 .ok()
                 .and_then(|s| table[pos].get_mut(s))
             {
-                *slot = (start + i) as u32;
+                *slot = (start + i) as u64;
             }
         }
         end = start;

@@ -92,6 +92,8 @@ fn draws<'a>(
     plan.my_blocks()
         .flat_map(move |b| {
             let (start, end) = plan.block_range(b);
+            // a failure here is the first draw's of the block, below
+            let _ = sampler.prepare(start..end, crate::threads());
             start..end
         })
         .map(move |k| {

@@ -7,14 +7,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::catalog::{Dataset, Snapshot};
-use crate::sample::{DrawPlan, Sampling};
+use crate::sample::{DrawPlan, Sampling, DRAW_SCHEME};
 use crate::{Error, Result};
 
 /// The `format` key of every loader state.
 pub const STATE_FORMAT: &str = "datasetrt-loader-state";
 
-/// The layout of the state this build writes and reads.
-pub const STATE_VERSION: u64 = 1;
+/// The layout of the state this build writes (it reads this and version 1).
+/// Version 2 adds `draws`, the draw scheme ([`DRAW_SCHEME`]); a version-1
+/// state drew by scheme 1.
+pub const STATE_VERSION: u64 = 2;
 
 /// The keys a state must have (`batch_size` is informational).
 const STATE_KEYS: [&str; 7] = [
@@ -69,6 +71,9 @@ pub struct LoaderState {
     pub fingerprint: String,
     /// Draws of the global sequence consumed so far.
     pub position: u64,
+    /// The draw scheme of the sequence ([`DRAW_SCHEME`] for states this
+    /// build takes).
+    pub draws: u64,
     /// The reader that took this state, for a state taken inside one.
     pub reader: Option<ReaderPlace>,
 }
@@ -100,6 +105,7 @@ impl LoaderState {
             ("snapshot", int(self.snapshot)),
             ("fingerprint", StateValue::Str(self.fingerprint.clone())),
             ("position", int(self.position)),
+            ("draws", int(self.draws)),
         ];
         if let Some(place) = &self.reader {
             let reader = [
@@ -128,14 +134,16 @@ impl LoaderState {
                 "resume takes a Loader.state_dict(), not {shown}"
             )));
         }
-        if let Some(version) = fields.get("version") {
-            if *version != StateValue::Int(STATE_VERSION) {
+        let version = match fields.get("version") {
+            None => STATE_VERSION,
+            Some(StateValue::Int(v)) if (1..=STATE_VERSION).contains(v) => *v,
+            Some(version) => {
                 return Err(Error::invalid(format!(
-                    "the loader state has format version {version}; this build reads version \
-                     {STATE_VERSION}"
-                )));
+                    "the loader state has format version {version}; this build reads versions \
+                     1 to {STATE_VERSION}"
+                )))
             }
-        }
+        };
         let missing: Vec<&str> = STATE_KEYS
             .into_iter()
             .filter(|k| !fields.contains_key(*k))
@@ -197,6 +205,10 @@ impl LoaderState {
             snapshot: int("snapshot", i64::MAX as u64)?,
             fingerprint: text("fingerprint")?.to_string(),
             position: int("position", u64::MAX)?,
+            draws: match version {
+                1 => 1,
+                _ => int("draws", u64::MAX)?,
+            },
             reader,
         })
     }
@@ -213,6 +225,7 @@ impl LoaderState {
             snapshot: snapshot.number(),
             fingerprint: snapshot.fingerprint().to_string(),
             position: plan.position_after(batches),
+            draws: DRAW_SCHEME,
             reader: None,
         }
     }
@@ -257,6 +270,22 @@ impl LoaderState {
                 self.snapshot,
                 self.fingerprint,
                 snapshot.fingerprint()
+            )));
+        }
+        if !self
+            .sampling
+            .draws_as_scheme(self.draws, snapshot.num_partitions())
+        {
+            return Err(Error::invalid(format!(
+                "the state was taken by a build that drew {} samples by draw scheme {} \
+                 (one alias table over every row); this build draws scheme {DRAW_SCHEME} \
+                 (a partition by its weight mass, then a row of it), a different sequence over \
+                 snapshot {}'s {} partitions, so resuming would repeat and skip samples. Start \
+                 the epoch anew (or resume with the build that took the state)",
+                self.sampling.name(),
+                self.draws,
+                self.snapshot,
+                snapshot.num_partitions()
             )));
         }
         reader.validate()?;
@@ -321,6 +350,7 @@ mod tests {
             snapshot: 3,
             fingerprint: "abc".into(),
             position: 128,
+            draws: DRAW_SCHEME,
             reader: reader.then_some(ReaderPlace {
                 rank: 1,
                 world_size: 2,
@@ -350,6 +380,20 @@ mod tests {
     }
 
     #[test]
+    fn a_state_of_version_1_drew_by_the_flat_scheme() {
+        let mut f = fields(&state(false));
+        f.insert("version".into(), StateValue::Int(1));
+        f.remove("draws");
+        let old = LoaderState::from_fields(&f, "?").unwrap();
+        assert_eq!(old.draws, 1);
+        // its draws are this build's except weighted ones over partitions
+        assert!(Sampling::Permutation.draws_as_scheme(old.draws, 40));
+        assert!(Sampling::Replacement.draws_as_scheme(old.draws, 1));
+        assert!(!Sampling::Replacement.draws_as_scheme(old.draws, 2));
+        assert!(!Sampling::Permutation.draws_as_scheme(3, 1));
+    }
+
+    #[test]
     fn a_tampered_state_is_refused_with_what_is_wrong() {
         let good = fields(&state(true));
         let refused = |change: &dyn Fn(&mut BTreeMap<String, StateValue>), says: &str| {
@@ -366,7 +410,8 @@ mod tests {
             }
         };
         refused(&set("format", StateValue::Str("x".into())), "not {...}");
-        refused(&set("version", StateValue::Int(2)), "format version 2");
+        refused(&set("version", StateValue::Int(3)), "format version 3");
+        refused(&|f| drop(f.remove("draws")), "draws must be an int");
         refused(
             &|f| drop(f.remove("fingerprint")),
             "lacks [\"fingerprint\"]",

@@ -119,20 +119,30 @@ impl AliasTable {
         n: usize,
         weights: &dyn Fn() -> Result<Weights<'w>>,
     ) -> Result<AliasTable> {
-        if path.exists() {
-            match Self::map(path, n) {
-                Ok(table) => return Ok(table),
-                Err(Error::Corrupt { .. } | Error::UnsupportedVersion { .. }) => {}
-                Err(e) => return Err(e),
-            }
+        match Self::stored(path, n)? {
+            Some(table) => Ok(table),
+            None => Self::build_stored(path, &weights()?),
         }
-        let weights = weights()?;
-        if weights.len() != n {
-            return Err(Error::invalid(format!(
-                "{} weights for an alias table of {n} rows",
-                weights.len()
-            )));
+    }
+
+    /// The table of `n` rows stored at `path`, mapped; `None` when there is
+    /// none, or one to rebuild (damaged header or chunk table, wrong length,
+    /// older version).
+    pub fn stored(path: &Path, n: usize) -> Result<Option<AliasTable>> {
+        if !path.exists() {
+            return Ok(None);
         }
+        match Self::map(path, n) {
+            Ok(table) => Ok(Some(table)),
+            Err(Error::Corrupt { .. } | Error::UnsupportedVersion { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Build the table of `weights`, store it at `path` (replacing what is
+    /// there) and map it.
+    pub fn build_stored(path: &Path, weights: &Weights<'_>) -> Result<AliasTable> {
+        let n = weights.len();
         // Build straight into the file's pages: no second copy to write out.
         let tmp = temp_sibling(path);
         let built = (|| -> Result<()> {
@@ -158,7 +168,7 @@ impl AliasTable {
             let alias = unsafe {
                 std::slice::from_raw_parts_mut(alias_bytes.as_mut_ptr().cast::<u32>(), n)
             };
-            fill(&weights, prob, alias)?;
+            fill(weights, prob, alias)?;
             for (slot, crc) in table.chunks_exact_mut(4).zip(chunks::chunk_crcs(body)) {
                 slot.copy_from_slice(&crc.to_le_bytes());
             }

@@ -6,10 +6,12 @@ mod alias;
 mod modes;
 mod plan;
 mod rng;
+mod two_level;
 mod weights;
 
 pub use alias::AliasTable;
-pub use modes::{EpochSampler, Permutation, Sampling};
+pub use modes::{EpochSampler, Permutation, Sampling, DRAW_SCHEME};
 pub use plan::DrawPlan;
 pub use rng::{draw_bits, unit_f64};
-pub use weights::Weights;
+pub use two_level::{PartitionTables, TwoLevelAlias};
+pub use weights::{mass, Weights};

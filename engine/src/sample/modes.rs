@@ -6,13 +6,24 @@ use std::sync::Arc;
 
 use super::alias::AliasTable;
 use super::rng::{draw_bits, mix64, unit_f64};
+use super::two_level::TwoLevelAlias;
 use super::Weights;
 use crate::{Error, Result};
+
+/// Which pure function of `(seed, epoch, k)` and the snapshot the draws
+/// are: a loader state records it, so that a state is never resumed onto a
+/// different sequence. 1: weighted draws from one alias table over every
+/// row (builds before partitioned draws); 2: from a table over the
+/// partitions' masses, then the partition's own table. The two are the
+/// same sequence for a snapshot of one partition, and for every mode but
+/// `Replacement`.
+pub const DRAW_SCHEME: u64 = 2;
 
 /// How the rows of an epoch are drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sampling {
-    /// Weighted, with replacement (alias table). The default.
+    /// Weighted, with replacement (alias tables: one over the partitions'
+    /// masses, one per partition). The default.
     Replacement,
     /// Every row exactly once per epoch, in a seeded order.
     Permutation,
@@ -45,6 +56,12 @@ impl Sampling {
             Sampling::WeightedWithoutReplacement => "weighted_without_replacement",
             Sampling::Balanced => "balanced",
         }
+    }
+
+    /// Whether this mode's draws under draw scheme `scheme`, over a
+    /// snapshot of `partitions` partitions, are the draws this build makes.
+    pub fn draws_as_scheme(self, scheme: u64, partitions: usize) -> bool {
+        scheme == DRAW_SCHEME || (scheme == 1 && (partitions == 1 || self != Sampling::Replacement))
     }
 
     /// Draws per epoch when the caller does not choose: the number of rows
@@ -133,22 +150,27 @@ pub struct EpochSampler {
 
 #[derive(Debug, Clone)]
 enum Kind {
-    Replacement(AliasTable),
+    Replacement(Arc<TwoLevelAlias>),
     Permutation { n: u64 },
     Balanced { cumulative: Arc<[f64]>, len: u64 },
     Weighted { order: Arc<[u32]> },
 }
 
+/// The most rows the modes that hold a value per row (`Balanced`,
+/// `WeightedWithoutReplacement`) draw from: their tables index rows by u32
+/// and are built by each process whole.
+const MAX_ROWS_PER_ROW_TABLE: usize = u32::MAX as usize;
+
 impl EpochSampler {
     /// The sampler over a population of `rows` rows. `weights` is asked
     /// for only by the modes that need every weight (not `Permutation`, nor
-    /// `Replacement` given its `alias` table); `epoch_len` is needed for
+    /// `Replacement` given its `alias` tables); `epoch_len` is needed for
     /// `Balanced` (the number of draws its counts are computed for).
     pub fn new<'w>(
         sampling: Sampling,
         rows: usize,
         weights: &dyn Fn() -> Result<Weights<'w>>,
-        alias: Option<&AliasTable>,
+        alias: Option<&Arc<TwoLevelAlias>>,
         seed: u64,
         epoch: u64,
         epoch_len: u64,
@@ -156,10 +178,23 @@ impl EpochSampler {
         if rows == 0 {
             return Err(Error::invalid("cannot sample from an empty population"));
         }
+        if rows > MAX_ROWS_PER_ROW_TABLE
+            && matches!(
+                sampling,
+                Sampling::Balanced | Sampling::WeightedWithoutReplacement
+            )
+        {
+            return Err(Error::invalid(format!(
+                "{} sampling holds a table of every row in each process: it draws from at most \
+                 2^32 - 1 rows, this population has {rows} (\"replacement\" and \"permutation\" \
+                 take any size; docs/scale.md)",
+                sampling.name()
+            )));
+        }
         let kind = match sampling {
             Sampling::Replacement => Kind::Replacement(match alias {
                 Some(a) => a.clone(),
-                None => AliasTable::new(weights()?)?,
+                None => Arc::new(TwoLevelAlias::flat(AliasTable::new(weights()?)?)),
             }),
             Sampling::Permutation => Kind::Permutation { n: rows as u64 },
             Sampling::Balanced => {
@@ -214,15 +249,15 @@ impl EpochSampler {
     /// (a new pass of the permutation, the balanced counts, or the weighted
     /// order), which is how ranks are padded to equal counts. An error is a
     /// damaged table the draw had to read (a stored alias table's chunk).
-    pub fn row(&self, k: u64) -> Result<u32> {
+    pub fn row(&self, k: u64) -> Result<u64> {
         Ok(match &self.kind {
-            Kind::Replacement(alias) => alias.draw(draw_bits(self.seed, self.epoch, k))? as u32,
+            Kind::Replacement(alias) => alias.draw(draw_bits(self.seed, self.epoch, k))?,
             Kind::Permutation { n } => {
                 let perm = Permutation::new(
                     *n,
                     stream_key(self.seed, self.epoch, k / n, SALT_PERMUTATION),
                 );
-                perm.apply(k % n) as u32
+                perm.apply(k % n)
             }
             Kind::Balanced { cumulative, len } => {
                 let pass = k / len;
@@ -233,10 +268,23 @@ impl EpochSampler {
                 // the first r with C[r] + u >= p + 1.
                 cumulative
                     .partition_point(|&c| c + u < p + 1.0)
-                    .min(cumulative.len() - 1) as u32
+                    .min(cumulative.len() - 1) as u64
             }
-            Kind::Weighted { order } => order[(k % order.len() as u64) as usize],
+            Kind::Weighted { order } => u64::from(order[(k % order.len() as u64) as usize]),
         })
+    }
+
+    /// Make ahead, on up to `threads` threads, what draws `ks` will read
+    /// first: for `Replacement`, the alias tables of the partitions they
+    /// land in (a partition's table is otherwise built by the draw that
+    /// first lands there, alone). The other modes have nothing to make.
+    pub fn prepare(&self, ks: std::ops::Range<u64>, threads: usize) -> Result<()> {
+        match &self.kind {
+            Kind::Replacement(alias) => {
+                alias.prepare(ks.map(|k| draw_bits(self.seed, self.epoch, k)), threads)
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -266,7 +314,7 @@ mod tests {
         let w = vec![1.0; 300];
         let s0 = sampler(Sampling::Permutation, &w, 9, 0, 300);
         let s1 = sampler(Sampling::Permutation, &w, 9, 1, 300);
-        let mut rows: Vec<u32> = (0..300).map(|k| s0.row(k).unwrap()).collect();
+        let mut rows: Vec<u64> = (0..300).map(|k| s0.row(k).unwrap()).collect();
         let first = rows.clone();
         rows.sort_unstable();
         assert_eq!(rows, (0..300).collect::<Vec<_>>());
@@ -305,7 +353,7 @@ mod tests {
     fn weighted_without_replacement_never_repeats_and_skips_zero_weights() {
         let w = [3.0, 0.0, 1.0, 2.0, 0.0, 5.0];
         let s = sampler(Sampling::WeightedWithoutReplacement, &w, 1, 0, 4);
-        let mut rows: Vec<u32> = (0..4).map(|k| s.row(k).unwrap()).collect();
+        let mut rows: Vec<u64> = (0..4).map(|k| s.row(k).unwrap()).collect();
         rows.sort_unstable();
         assert_eq!(rows, vec![0, 2, 3, 5]);
         assert_eq!(

@@ -1,6 +1,12 @@
 //! A population's weights in row order, as the slices its partitions hold:
 //! the samplers read them in place, never as one copied column.
 
+/// The sum of `weights` in order: a partition's weight mass as its
+/// manifest records it and its alias table checks it.
+pub fn mass(weights: &[f64]) -> f64 {
+    weights.iter().sum()
+}
+
 /// Weights in row order, one slice per snapshot partition.
 #[derive(Debug, Clone)]
 pub struct Weights<'a> {

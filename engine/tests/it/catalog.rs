@@ -410,13 +410,10 @@ fn a_partitioned_snapshot_reads_as_one_population() {
     // lookups name the row in the whole population
     let first = parted.caches()[0].records() as usize;
     assert_eq!(four.row_of(parted.caches(), 1, 2).unwrap(), Some(first + 2));
-    // draws are a function of the population, not of how it is stored
-    for sampling in [
-        "replacement",
-        "permutation",
-        "balanced",
-        "weighted_without_replacement",
-    ] {
+    // draws are a function of the population, not of how it is stored;
+    // weighted draws with replacement pick a partition first, so their
+    // sequence is another with the same law (below)
+    for sampling in ["permutation", "balanced", "weighted_without_replacement"] {
         let sampling = datasetrt::sample::Sampling::parse(sampling).unwrap();
         let (a, b) = (
             one.sampler(sampling, 7, 1, 15).unwrap(),
@@ -427,6 +424,17 @@ fn a_partitioned_snapshot_reads_as_one_population() {
         };
         assert_eq!(draws(&a), draws(&b), "{sampling:?}");
     }
+    let replacement = datasetrt::sample::Sampling::Replacement;
+    let (n, sampler) = (30_000u64, four.sampler(replacement, 7, 1, 15).unwrap());
+    let mut counts = [0u64; 15];
+    for k in 0..n {
+        counts[sampler.row(k).unwrap() as usize] += 1;
+    }
+    // every row weighs 1: 2,000 draws each, sd ~43
+    assert!(
+        counts.iter().all(|&c| c.abs_diff(n / 15) < 5 * 43),
+        "{counts:?}"
+    );
     // partitions of equal content share one file: the first three weight
     // columns are four 1.0s each
     let weights: std::collections::BTreeSet<_> = manifest
@@ -502,7 +510,7 @@ fn a_snapshot_written_before_partitions_still_opens() {
         .filter(|l| !l.starts_with("partition=") && !l.starts_with("checksum="))
         .map(|l| format!("{l}\n"))
         .collect::<String>()
-        .replace("datasetrt-snapshot 3", "datasetrt-snapshot 2");
+        .replace("datasetrt-snapshot 4", "datasetrt-snapshot 2");
     std::fs::write(&path, datasetrt::store::checksum::seal_text(&body)).unwrap();
     let old = datasetrt::Snapshot::open(ds.snapshot_dir(), 0).unwrap();
     assert_eq!(old.num_partitions(), 1);
@@ -557,21 +565,93 @@ fn cleanup_keeps_the_alias_table_of_a_kept_partitioned_snapshot() {
         .update(&batch.schema(), &[batch], "weights", None, false)
         .unwrap();
     let replacement = datasetrt::sample::Sampling::parse("replacement").unwrap();
-    snap.sampler(replacement, 1, 0, 10).unwrap(); // stores the alias table
-    let aliases = || -> Vec<_> {
-        std::fs::read_dir(ds.snapshot_dir().join("columns"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .filter(|n| n.to_string_lossy().ends_with(".alias"))
-            .collect()
-    };
-    assert_eq!(aliases().len(), 1);
+    // stores the alias table of each partition (weights 1-4, 5-8, 9-10)
+    let sampler = snap.sampler(replacement, 1, 0, 10).unwrap();
+    sampler.prepare(0..1000, 2).unwrap();
+    assert_eq!(alias_files(&ds).len(), 3);
     assert_eq!(ds.cleanup(1).unwrap(), vec![0]);
     assert_eq!(
-        aliases().len(),
-        1,
-        "cleanup deleted the kept snapshot's alias table"
+        alias_files(&ds).len(),
+        3,
+        "cleanup deleted the kept snapshot's alias tables"
     );
+}
+
+fn alias_files(ds: &Dataset) -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(ds.snapshot_dir().join("columns"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".alias"))
+        .collect()
+}
+
+#[test]
+fn weighted_draws_make_the_alias_tables_of_the_partitions_they_land_in_only() {
+    let (_dir, ds) = one_cache(12, 4);
+    let a = ds.caches()[0].id();
+    // partition 1 (rows 4..8) weighs nothing: no draw lands there
+    let mut weights: Vec<f64> = (0..12)
+        .map(|i| {
+            if (4..8).contains(&i) {
+                0.0
+            } else {
+                1.0 + i as f64
+            }
+        })
+        .collect();
+    let batch = frame(vec![a; 12], (0..12).collect(), weights.clone());
+    let snap = ds
+        .update(&batch.schema(), &[batch], "w", None, false)
+        .unwrap();
+    let replacement = datasetrt::sample::Sampling::Replacement;
+    let draws = |snap: &datasetrt::Snapshot| -> Vec<u64> {
+        let sampler = snap.sampler(replacement, 3, 0, 12).unwrap();
+        (0..2_000).map(|k| sampler.row(k).unwrap()).collect()
+    };
+    let before = draws(&snap);
+    assert!(before.iter().all(|r| !(4..8).contains(r)), "{before:?}");
+    let tables = alias_files(&ds);
+    assert_eq!(tables.len(), 2, "partitions 0 and 2 only: {tables:?}");
+    // a reopened snapshot maps the stored tables: the same draws
+    let again = datasetrt::Snapshot::open(ds.snapshot_dir(), snap.number()).unwrap();
+    assert_eq!(draws(&again), before);
+    // a reweight of partition 2 builds its table alone
+    weights[9] = 50.0;
+    let batch = frame(vec![a; 12], (0..12).collect(), weights);
+    let next = ds
+        .update(&batch.schema(), &[batch], "w2", None, false)
+        .unwrap();
+    let after = draws(&next);
+    let new: Vec<_> = alias_files(&ds).difference(&tables).cloned().collect();
+    assert_eq!(new.len(), 1, "{new:?}");
+    let share = after.iter().filter(|&&r| r == 9).count() as f64 / after.len() as f64;
+    // row 9 now weighs 50 of 1+2+3+4 + 9+50+11+12 = 92
+    assert!((share - 50.0 / 92.0).abs() < 0.05, "{share}");
+}
+
+#[test]
+fn a_manifest_whose_mass_is_not_its_weights_is_refused_at_the_first_draw_there() {
+    let (_dir, ds) = one_cache(12, 4);
+    let snap_dir = ds.snapshot_dir().to_path_buf();
+    let path = snap_dir.join(datasetrt::Snapshot::file_name(0));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let body: String = text
+        .lines()
+        .filter(|l| !l.starts_with("checksum="))
+        .map(|l| match l {
+            "partition=4 4.0" => "partition=4 5.0\n".to_string(),
+            other => format!("{other}\n"),
+        })
+        .collect();
+    assert_ne!(body, text, "{text}");
+    std::fs::write(&path, datasetrt::store::checksum::seal_text(&body)).unwrap();
+    let snap = datasetrt::Snapshot::open(&snap_dir, 0).unwrap();
+    let sampler = snap
+        .sampler(datasetrt::sample::Sampling::Replacement, 1, 0, 12)
+        .unwrap();
+    let err = sampler.prepare(0..100, 1).unwrap_err();
+    assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains("weights sum to 4.0"), "{err}");
 }
 
 #[test]
@@ -639,5 +719,114 @@ fn dictionaries_that_outgrow_their_keys_are_an_error_not_a_crash() {
     match ds.update(&one.schema(), &[one.clone(), two], "tags", None, false) {
         Err(Error::Arrow(_) | Error::InvalidInput { .. }) | Ok(_) => {}
         Err(e) => panic!("unexpected error {e}"),
+    }
+}
+
+#[test]
+fn a_snapshot_written_before_partition_masses_draws_as_one_with_them() {
+    let (_dir, ds) = one_cache(12, 4);
+    let a = ds.caches()[0].id();
+    let weights: Vec<f64> = (0..12).map(|i| 0.5 + i as f64).collect();
+    let batch = frame(vec![a; 12], (0..12).collect(), weights);
+    let snap = ds
+        .update(&batch.schema(), &[batch], "w", None, false)
+        .unwrap();
+    let replacement = datasetrt::sample::Sampling::Replacement;
+    let draws = |snap: &datasetrt::Snapshot| -> Vec<u64> {
+        let sampler = snap.sampler(replacement, 5, 2, 12).unwrap();
+        (0..500).map(|k| sampler.row(k).unwrap()).collect()
+    };
+    let expected = draws(&snap);
+    // the same snapshot as version 3 wrote it: `partition=<rows>` alone
+    let path = ds.snapshot_dir().join(datasetrt::Snapshot::file_name(1));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let body: String = text
+        .lines()
+        .filter(|l| !l.starts_with("checksum="))
+        .map(|l| match l.strip_prefix("partition=") {
+            Some(rest) => format!("partition={}\n", rest.split(' ').next().unwrap()),
+            None => format!("{l}\n"),
+        })
+        .collect::<String>()
+        .replace("datasetrt-snapshot 4", "datasetrt-snapshot 3");
+    std::fs::write(&path, datasetrt::store::checksum::seal_text(&body)).unwrap();
+    let manifest = read_manifest(ds.snapshot_dir(), 1).unwrap();
+    assert_eq!(manifest.version, 3);
+    assert!(manifest.partitions.iter().all(|p| p.mass.is_none()));
+    let old = datasetrt::Snapshot::open(ds.snapshot_dir(), 1).unwrap();
+    assert_eq!(draws(&old), expected);
+}
+
+/// A population of more than 2^32 rows: one stored partition of 2^20 rows
+/// named 4,097 times by a hand-written manifest (4,296,015,872 rows, 24 MB
+/// on disk). Weighted draws and permutations reach every partition; the
+/// modes that hold a table of every row say they do not go that far.
+#[test]
+fn a_population_past_two_to_the_32_rows_is_drawn_from() {
+    const PART: usize = 1 << 20;
+    const COPIES: usize = 4_097;
+    let (_dir, ds) = one_cache(16, PART);
+    let a = ds.caches()[0].id();
+    let samples: Vec<i64> = (0..PART as i64).map(|i| i % 16).collect();
+    let weights: Vec<f64> = (0..PART).map(|i| 1.0 + (i % 3) as f64).collect();
+    let batch = frame(vec![a; PART], samples, weights);
+    let snap = ds
+        .update(&batch.schema(), &[batch], "one partition", None, false)
+        .unwrap();
+    let manifest = read_manifest(ds.snapshot_dir(), snap.number()).unwrap();
+    let [part] = manifest.partitions.as_slice() else {
+        panic!("one partition")
+    };
+    let mut body = format!(
+        "datasetrt-snapshot 4\nrows={}\ncreated_unix_ms=0\nparent=none\nnote=copies\nfingerprint={}\n",
+        PART * COPIES,
+        "7".repeat(32)
+    );
+    for _ in 0..COPIES {
+        body.push_str(&format!("partition={PART} {:?}\n", part.mass.unwrap()));
+        for c in &part.columns {
+            body.push_str(&format!(
+                "column={} {:08x} {} {}\n",
+                c.hash,
+                c.crc.unwrap(),
+                c.len.unwrap(),
+                c.name
+            ));
+        }
+    }
+    let path = ds.snapshot_dir().join(datasetrt::Snapshot::file_name(9));
+    std::fs::write(&path, datasetrt::store::checksum::seal_text(&body)).unwrap();
+    let big = datasetrt::Snapshot::open(ds.snapshot_dir(), 9).unwrap();
+    let rows = big.num_rows() as u64;
+    assert!(rows > u64::from(u32::MAX), "{rows}");
+    assert_eq!(big.num_partitions(), COPIES);
+
+    use datasetrt::sample::Sampling;
+    let weighted = big.sampler(Sampling::Replacement, 1, 0, rows).unwrap();
+    // the first draw that lands past 2^32 (in the last partition)
+    let (k, row) = (0..200_000u64)
+        .map(|k| (k, weighted.row(k).unwrap()))
+        .find(|&(_, r)| r >= 1 << 32)
+        .expect("one draw in 4,097 lands in the last partition");
+    let in_part = (row - (1 << 32)) as usize;
+    assert_eq!(
+        big.identity(row as usize).unwrap(),
+        (a, (in_part % 16) as i64)
+    );
+    // a fresh reader draws the same row there, mapping only what it lands in
+    let fresh = datasetrt::Snapshot::open(ds.snapshot_dir(), 9).unwrap();
+    let sampler = fresh.sampler(Sampling::Replacement, 1, 0, rows).unwrap();
+    assert_eq!(sampler.row(k).unwrap(), row);
+    assert_eq!(fresh.alias().unwrap().tables_made(), 1);
+
+    let perm = big.sampler(Sampling::Permutation, 1, 0, rows).unwrap();
+    let drawn: std::collections::HashSet<u64> = (0..10_000).map(|k| perm.row(k).unwrap()).collect();
+    assert_eq!(drawn.len(), 10_000);
+    assert!(drawn.iter().all(|&r| r < rows));
+    assert!(drawn.iter().any(|&r| r > u64::from(u32::MAX) / 2));
+    for sampling in [Sampling::Balanced, Sampling::WeightedWithoutReplacement] {
+        let err = big.sampler(sampling, 1, 0, rows).unwrap_err();
+        assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
+        assert!(err.to_string().contains("at most 2^32 - 1 rows"), "{err}");
     }
 }

@@ -348,7 +348,7 @@ fn a_mutated_alias_table_draws_the_same_or_is_refused() {
     use datasetrt::sample::Sampling;
     let (_dir, ds) = dataset();
     let snap_dir = ds.snapshot_dir().to_path_buf();
-    let draws = |snapshot: &datasetrt::Snapshot| -> datasetrt::Result<Vec<u32>> {
+    let draws = |snapshot: &datasetrt::Snapshot| -> datasetrt::Result<Vec<u64>> {
         let sampler = snapshot.sampler(Sampling::Replacement, 7, 0, 200)?;
         (0..200).map(|k| sampler.row(k)).collect()
     };

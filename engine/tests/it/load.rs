@@ -128,3 +128,40 @@ fn a_state_taken_inside_one_worker_resumes_that_worker_alone_and_is_global_for_t
         );
     }
 }
+
+#[test]
+fn a_state_of_the_flat_weighted_draws_is_refused_over_partitions_and_read_over_one() {
+    let dir = tempfile::tempdir().unwrap();
+    write_cache(dir.path(), "l", 50, WriterOptions::default());
+    let weighted = DrawPlan {
+        sampling: Sampling::Replacement,
+        ..reader(5, 1, 0)
+    };
+    for (partition_rows, resumes) in [(None, true), (Some(7), false)] {
+        let options = OpenOptions {
+            snapshot_dir: Some(dir.path().join(format!("snap{partition_rows:?}"))),
+            partition_rows,
+            ..Default::default()
+        };
+        let ds = Dataset::open(&[dir.path().to_path_buf()], options).unwrap();
+        // a state the build before partitioned draws took (version 1)
+        let old = LoaderState {
+            draws: 1,
+            ..LoaderState::after(&weighted, &ds.snapshot(), 2)
+        };
+        match old.resume(&ds, &weighted) {
+            Ok((_, plan)) => assert!(resumes && plan.start_block == 2),
+            Err(err) => {
+                assert!(!resumes, "{err}");
+                assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
+                assert!(err.to_string().contains("draw scheme 1"), "{err}");
+            }
+        }
+        // permutations were drawn the same way then
+        let permutation = LoaderState {
+            draws: 1,
+            ..LoaderState::after(&reader(5, 1, 0), &ds.snapshot(), 2)
+        };
+        assert!(permutation.resume(&ds, &reader(5, 1, 0)).is_ok());
+    }
+}

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, Int64Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Int64Type, Schema, UInt32Type, UInt64Type};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema, UInt64Type};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::collect;
@@ -110,7 +110,7 @@ fn alone(plan: &DrawPlan) -> DrawPlan {
 }
 
 /// The rows drawn for `blocks` of `plan`, in that order.
-fn rows_of(plan: &DrawPlan, sampler: &EpochSampler, blocks: &[u64]) -> Vec<u32> {
+fn rows_of(plan: &DrawPlan, sampler: &EpochSampler, blocks: &[u64]) -> Vec<u64> {
     blocks
         .iter()
         .flat_map(|&b| {
@@ -265,7 +265,7 @@ proptest! {
         let sampler = sampler(&plan, &weights);
         let mut rows = rows_of(&plan, &sampler, &all_blocks(&plan));
         rows.sort_unstable();
-        let expected: Vec<u32> = (0..weights.len() as u32)
+        let expected: Vec<u64> = (0..weights.len() as u64)
             .filter(|&r| !weighted || weights[r as usize] > 0.0)
             .collect();
         prop_assert_eq!(rows, expected);
@@ -323,7 +323,7 @@ fn the_sample_node_emits_exactly_the_planned_draws_of_a_snapshot() {
             for (batch, &b) in batches.iter().zip(&blocks) {
                 let (start, end) = plan.block_range(b);
                 let draws = batch.column(0).as_primitive::<UInt64Type>().values();
-                let rows = batch.column(1).as_primitive::<UInt32Type>().values();
+                let rows = batch.column(1).as_primitive::<UInt64Type>().values();
                 let cache_ids = batch.column(2).as_primitive::<Int64Type>().values();
                 let sample_ids = batch.column(3).as_primitive::<Int64Type>().values();
                 prop_assert_eq!(draws.to_vec(), (start..end).collect::<Vec<_>>());

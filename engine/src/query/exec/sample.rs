@@ -5,7 +5,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int64Array, RecordBatch, UInt32Array, UInt64Array};
+use arrow::array::{ArrayRef, Int64Array, RecordBatch, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -30,7 +30,7 @@ use crate::Result;
 pub fn draws_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("draw", DataType::UInt64, false),
-        Field::new("row", DataType::UInt32, false),
+        Field::new("row", DataType::UInt64, false),
         Field::new("cache_id", DataType::Int64, false),
         Field::new("sample_id", DataType::Int64, false),
     ]))
@@ -43,9 +43,11 @@ fn draw_block(
     b: u64,
 ) -> DfResult<RecordBatch> {
     let (start, end) = plan.block_range(b);
+    // the partitions this block lands in have their tables made together
+    sampler.prepare(start..end, crate::threads())?;
     let rows = (start..end)
         .map(|k| sampler.row(k))
-        .collect::<Result<Vec<u32>>>()?;
+        .collect::<Result<Vec<u64>>>()?;
     let identities = rows
         .iter()
         .map(|&r| snapshot.identity(r as usize))
@@ -54,7 +56,7 @@ fn draw_block(
     let sample_ids = Int64Array::from_iter_values(identities.iter().map(|&(_, s)| s));
     let columns: Vec<ArrayRef> = vec![
         Arc::new(UInt64Array::from_iter_values(start..end)),
-        Arc::new(UInt32Array::from(rows)),
+        Arc::new(UInt64Array::from(rows)),
         Arc::new(cache_ids),
         Arc::new(sample_ids),
     ];

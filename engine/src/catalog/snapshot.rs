@@ -19,7 +19,8 @@ use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRe
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::sample::{
-    mass, AliasTable, DrawPlan, EpochSampler, PartitionTables, Sampling, TwoLevelAlias, Weights,
+    mass, AliasTable, DrawPlan, EpochSampler, PartitionSource, PartitionedWeights, Sampling,
+    Weights,
 };
 use crate::store::checksum::{crc32c, open_sealed_text, seal_text};
 use crate::store::chunks::{self, ChunkCheck, ChunkTable};
@@ -55,9 +56,10 @@ pub struct Snapshot {
     created_unix_ms: u64,
     parent: Option<u64>,
     rows_by_sample: OnceLock<Vec<Vec<u64>>>,
-    /// Weighted draws: a table over the partitions' masses, each
-    /// partition's own table made when a draw first lands there.
-    alias: OnceLock<Arc<TwoLevelAlias>>,
+    /// Weighted and balanced draws: the partitions' masses, each
+    /// partition's alias table and block sums made when a draw first lands
+    /// there.
+    partitioned: OnceLock<Arc<PartitionedWeights>>,
     /// The epoch samplers built last, by (sampling, seed, epoch, epoch_len):
     /// a loader's draws and its read-ahead walk the same epoch, and a sorted
     /// order (weighted without replacement, balanced) is built once for both.
@@ -178,9 +180,9 @@ fn open_partition(
     Ok((fields, opened))
 }
 
-/// Where a snapshot's per-partition alias tables come from: each is named
-/// by its partition's weight column hash and built from that column, which
-/// is mapped for the build only (the table is what draws read).
+/// Where a snapshot's per-partition weights and alias tables come from: a
+/// table is named by its partition's weight column hash and built from
+/// that column (mapped for the build only: the table is what draws read).
 #[derive(Debug)]
 struct WeightTables {
     dir: PathBuf,
@@ -193,27 +195,35 @@ struct WeightTables {
     at: Positions,
 }
 
-impl PartitionTables for WeightTables {
+impl PartitionSource for WeightTables {
     fn table(&self, p: usize) -> Result<AliasTable> {
         let entry = &self.partitions[p];
         let hash = &entry.columns[self.at.weight].hash;
         let file = self.dir.join(COLUMNS_DIR).join(format!("{hash}.alias"));
-        if let Some(table) = AliasTable::stored(&file, entry.rows)? {
-            return Ok(table);
+        match AliasTable::stored(&file, entry.rows)? {
+            Some(table) => Ok(table),
+            None => AliasTable::build_stored(&file, &self.weights(p)?.as_ref().into()),
         }
+    }
+
+    fn weights(&self, p: usize) -> Result<ScalarBuffer<f64>> {
         let (_, column) = open_part_column(
             &self.dir,
             &self.path,
             p,
-            entry,
+            &self.partitions[p],
             self.at.weight,
             Some(&self.field),
             &self.at,
         )?;
-        let weights = column.whole()?.as_primitive::<Float64Type>().values();
-        // the top table drew this partition by its recorded mass: a
-        // manifest whose mass is not its weights' would skew every draw
-        let summed = mass(weights);
+        let weights = column
+            .whole()?
+            .as_primitive::<Float64Type>()
+            .values()
+            .clone();
+        // draws found this partition by its recorded mass: a manifest
+        // whose mass is not its weights' would skew every draw
+        let summed = mass(&weights);
         if summed != self.masses[p] {
             return Err(Error::corrupt(
                 &self.path,
@@ -223,7 +233,7 @@ impl PartitionTables for WeightTables {
                 ),
             ));
         }
-        AliasTable::build_stored(&file, &weights.as_ref().into())
+        Ok(weights)
     }
 }
 
@@ -1412,7 +1422,7 @@ impl Snapshot {
             created_unix_ms: manifest.created_unix_ms,
             parent: manifest.parent,
             rows_by_sample: OnceLock::new(),
-            alias: OnceLock::new(),
+            partitioned: OnceLock::new(),
             samplers: Mutex::default(),
         })
     }
@@ -1646,15 +1656,15 @@ impl Snapshot {
         if let Some((_, sampler)) = kept.iter().find(|(k, _)| *k == key) {
             return Ok(sampler.clone());
         }
-        let alias = match sampling {
-            Sampling::Replacement => Some(self.alias()?),
+        let partitioned = match sampling {
+            Sampling::Replacement | Sampling::Balanced => Some(self.partitioned()?),
             _ => None,
         };
         let sampler = EpochSampler::new(
             sampling,
             self.rows,
             &|| self.weights(),
-            alias.as_ref(),
+            partitioned.as_ref(),
             seed,
             epoch,
             epoch_len,
@@ -1671,15 +1681,15 @@ impl Snapshot {
         self.sampler(plan.sampling, plan.seed, plan.epoch, plan.epoch_len)
     }
 
-    /// The alias tables of weighted draws: one over the partitions' masses
-    /// (from the manifest; summed from the weights for a manifest older than
-    /// version 4), and one per partition, mapped, or built and stored next
-    /// to the column files (`<weight column hash>.alias`, shared by every
-    /// process and every snapshot with that weight column), when a draw
-    /// first lands in the partition.
-    pub fn alias(&self) -> Result<Arc<TwoLevelAlias>> {
-        if let Some(alias) = self.alias.get() {
-            return Ok(alias.clone());
+    /// The weights as weighted and balanced draws read them: the
+    /// partitions' masses (from the manifest; summed from the weights for a
+    /// manifest older than version 4), and per partition, when a draw first
+    /// lands there, its alias table (mapped, or built and stored next to the
+    /// column files as `<weight column hash>.alias`, shared by every process
+    /// and every snapshot with that weight column) or its block sums.
+    pub fn partitioned(&self) -> Result<Arc<PartitionedWeights>> {
+        if let Some(partitioned) = self.partitioned.get() {
+            return Ok(partitioned.clone());
         }
         let masses = self
             .partitions
@@ -1703,8 +1713,8 @@ impl Snapshot {
             field: self.schema.field(self.weight_col).clone(),
             at: self.positions(),
         };
-        let alias = Arc::new(TwoLevelAlias::new(&rows, &masses, Box::new(source))?);
-        Ok(self.alias.get_or_init(|| alias).clone())
+        let partitioned = Arc::new(PartitionedWeights::new(&rows, &masses, Box::new(source))?);
+        Ok(self.partitioned.get_or_init(|| partitioned).clone())
     }
 
     /// The first row of `(cache position, sample_id)` in this population, if any.

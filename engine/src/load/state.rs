@@ -278,7 +278,7 @@ impl LoaderState {
         {
             return Err(Error::invalid(format!(
                 "the state was taken by a build that drew {} samples by draw scheme {} \
-                 (one alias table over every row); this build draws scheme {DRAW_SCHEME} \
+                 (one table of every row's weight); this build draws scheme {DRAW_SCHEME} \
                  (a partition by its weight mass, then a row of it), a different sequence over \
                  snapshot {}'s {} partitions, so resuming would repeat and skip samples. Start \
                  the epoch anew (or resume with the build that took the state)",
@@ -390,6 +390,8 @@ mod tests {
         assert!(Sampling::Permutation.draws_as_scheme(old.draws, 40));
         assert!(Sampling::Replacement.draws_as_scheme(old.draws, 1));
         assert!(!Sampling::Replacement.draws_as_scheme(old.draws, 2));
+        assert!(!Sampling::Balanced.draws_as_scheme(old.draws, 2));
+        assert!(Sampling::Balanced.draws_as_scheme(old.draws, 1));
         assert!(!Sampling::Permutation.draws_as_scheme(3, 1));
     }
 

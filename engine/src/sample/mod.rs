@@ -4,14 +4,14 @@
 
 mod alias;
 mod modes;
+mod partitioned;
 mod plan;
 mod rng;
-mod two_level;
 mod weights;
 
 pub use alias::AliasTable;
 pub use modes::{EpochSampler, Permutation, Sampling, DRAW_SCHEME};
+pub use partitioned::{PartitionSource, PartitionedWeights};
 pub use plan::DrawPlan;
 pub use rng::{draw_bits, unit_f64};
-pub use two_level::{PartitionTables, TwoLevelAlias};
 pub use weights::{mass, Weights};

@@ -4,19 +4,20 @@
 
 use std::sync::Arc;
 
-use super::alias::AliasTable;
+use super::partitioned::PartitionedWeights;
 use super::rng::{draw_bits, mix64, unit_f64};
-use super::two_level::TwoLevelAlias;
 use super::Weights;
 use crate::{Error, Result};
 
 /// Which pure function of `(seed, epoch, k)` and the snapshot the draws
 /// are: a loader state records it, so that a state is never resumed onto a
 /// different sequence. 1: weighted draws from one alias table over every
-/// row (builds before partitioned draws); 2: from a table over the
-/// partitions' masses, then the partition's own table. The two are the
-/// same sequence for a snapshot of one partition, and for every mode but
-/// `Replacement`.
+/// row (builds before partitioned draws), balanced draws from the running
+/// sum of every row's weight; 2: weighted from a table over the
+/// partitions' masses, then the partition's own table, balanced from the
+/// running sum of the masses, then the partition's. The two are the same
+/// sequence for a snapshot of one partition, and for permutations and
+/// weighted draws without replacement.
 pub const DRAW_SCHEME: u64 = 2;
 
 /// How the rows of an epoch are drawn.
@@ -61,7 +62,8 @@ impl Sampling {
     /// Whether this mode's draws under draw scheme `scheme`, over a
     /// snapshot of `partitions` partitions, are the draws this build makes.
     pub fn draws_as_scheme(self, scheme: u64, partitions: usize) -> bool {
-        scheme == DRAW_SCHEME || (scheme == 1 && (partitions == 1 || self != Sampling::Replacement))
+        let by_partition = matches!(self, Sampling::Replacement | Sampling::Balanced);
+        scheme == DRAW_SCHEME || (scheme == 1 && (partitions == 1 || !by_partition))
     }
 
     /// Draws per epoch when the caller does not choose: the number of rows
@@ -150,27 +152,34 @@ pub struct EpochSampler {
 
 #[derive(Debug, Clone)]
 enum Kind {
-    Replacement(Arc<TwoLevelAlias>),
-    Permutation { n: u64 },
-    Balanced { cumulative: Arc<[f64]>, len: u64 },
-    Weighted { order: Arc<[u32]> },
+    Replacement(Arc<PartitionedWeights>),
+    Permutation {
+        n: u64,
+    },
+    Balanced {
+        weights: Arc<PartitionedWeights>,
+        len: u64,
+    },
+    Weighted {
+        order: Arc<[u32]>,
+    },
 }
 
-/// The most rows the modes that hold a value per row (`Balanced`,
-/// `WeightedWithoutReplacement`) draw from: their tables index rows by u32
-/// and are built by each process whole.
-const MAX_ROWS_PER_ROW_TABLE: usize = u32::MAX as usize;
+/// The most rows `WeightedWithoutReplacement` draws from: each process
+/// sorts every row by its key, and holds the order as u32 rows.
+const MAX_ROWS_SORTED: usize = u32::MAX as usize;
 
 impl EpochSampler {
     /// The sampler over a population of `rows` rows. `weights` is asked
     /// for only by the modes that need every weight (not `Permutation`, nor
-    /// `Replacement` given its `alias` tables); `epoch_len` is needed for
-    /// `Balanced` (the number of draws its counts are computed for).
+    /// `Replacement` and `Balanced` given the population's `partitioned`
+    /// weights); `epoch_len` is needed for `Balanced` (the number of draws
+    /// its counts are computed for).
     pub fn new<'w>(
         sampling: Sampling,
         rows: usize,
         weights: &dyn Fn() -> Result<Weights<'w>>,
-        alias: Option<&Arc<TwoLevelAlias>>,
+        partitioned: Option<&Arc<PartitionedWeights>>,
         seed: u64,
         epoch: u64,
         epoch_len: u64,
@@ -178,46 +187,37 @@ impl EpochSampler {
         if rows == 0 {
             return Err(Error::invalid("cannot sample from an empty population"));
         }
-        if rows > MAX_ROWS_PER_ROW_TABLE
-            && matches!(
-                sampling,
-                Sampling::Balanced | Sampling::WeightedWithoutReplacement
-            )
-        {
+        if rows > MAX_ROWS_SORTED && sampling == Sampling::WeightedWithoutReplacement {
             return Err(Error::invalid(format!(
-                "{} sampling holds a table of every row in each process: it draws from at most \
-                 2^32 - 1 rows, this population has {rows} (\"replacement\" and \"permutation\" \
-                 take any size; docs/scale.md)",
-                sampling.name()
+                "weighted_without_replacement sorts every row in each process: it draws from at \
+                 most 2^32 - 1 rows, this population has {rows} (\"replacement\", \"balanced\" \
+                 and \"permutation\" take any size; docs/scale.md)"
             )));
         }
+        let partitioned = || -> Result<Arc<PartitionedWeights>> {
+            match partitioned {
+                Some(p) => Ok(p.clone()),
+                None => Ok(Arc::new(PartitionedWeights::one(&weights()?.to_vec())?)),
+            }
+        };
         let kind = match sampling {
-            Sampling::Replacement => Kind::Replacement(match alias {
-                Some(a) => a.clone(),
-                None => Arc::new(TwoLevelAlias::flat(AliasTable::new(weights()?)?)),
-            }),
+            Sampling::Replacement => Kind::Replacement(partitioned()?),
             Sampling::Permutation => Kind::Permutation { n: rows as u64 },
             Sampling::Balanced => {
-                let weights = weights()?;
                 if epoch_len == 0 {
                     return Err(Error::invalid(
                         "balanced sampling needs a positive epoch_len",
                     ));
                 }
-                let total: f64 = weights.iter().sum();
-                let scale = epoch_len as f64 / total;
-                let mut acc = 0.0f64;
-                let mut cumulative: Vec<f64> = weights
-                    .iter()
-                    .map(|w| {
-                        acc += w;
-                        acc * scale
-                    })
-                    .collect();
-                // The last boundary is exactly epoch_len, whatever the rounding.
-                *cumulative.last_mut().expect("non-empty") = epoch_len as f64;
+                let weights = partitioned()?;
+                let total = weights.total();
+                if !(total.is_finite() && total > 0.0) {
+                    return Err(Error::invalid(
+                        "weights must be finite, non-negative, with a positive sum",
+                    ));
+                }
                 Kind::Balanced {
-                    cumulative: cumulative.into(),
+                    weights,
                     len: epoch_len,
                 }
             }
@@ -259,16 +259,14 @@ impl EpochSampler {
                 );
                 perm.apply(k % n)
             }
-            Kind::Balanced { cumulative, len } => {
+            Kind::Balanced { weights, len } => {
                 let pass = k / len;
                 let key = stream_key(self.seed, self.epoch, pass, SALT_BALANCED);
                 let p = Permutation::new(*len, key).apply(k % len) as f64;
                 let u = unit_f64(mix64(key ^ 0x5bd1_e995));
                 // Row r covers positions floor(C[r-1] + u) .. floor(C[r] + u):
                 // the first r with C[r] + u >= p + 1.
-                cumulative
-                    .partition_point(|&c| c + u < p + 1.0)
-                    .min(cumulative.len() - 1) as u64
+                weights.balanced_row(*len, p, u)?
             }
             Kind::Weighted { order } => u64::from(order[(k % order.len() as u64) as usize]),
         })

@@ -411,9 +411,9 @@ fn a_partitioned_snapshot_reads_as_one_population() {
     let first = parted.caches()[0].records() as usize;
     assert_eq!(four.row_of(parted.caches(), 1, 2).unwrap(), Some(first + 2));
     // draws are a function of the population, not of how it is stored;
-    // weighted draws with replacement pick a partition first, so their
-    // sequence is another with the same law (below)
-    for sampling in ["permutation", "balanced", "weighted_without_replacement"] {
+    // weighted and balanced draws find the partition first, so theirs are
+    // another sequence with the same law (below)
+    for sampling in ["permutation", "weighted_without_replacement"] {
         let sampling = datasetrt::sample::Sampling::parse(sampling).unwrap();
         let (a, b) = (
             one.sampler(sampling, 7, 1, 15).unwrap(),
@@ -435,6 +435,15 @@ fn a_partitioned_snapshot_reads_as_one_population() {
         counts.iter().all(|&c| c.abs_diff(n / 15) < 5 * 43),
         "{counts:?}"
     );
+    // balanced: every row exactly twice in 30 draws
+    let balanced = four
+        .sampler(datasetrt::sample::Sampling::Balanced, 7, 1, 30)
+        .unwrap();
+    let mut counts = [0u64; 15];
+    for k in 0..30 {
+        counts[balanced.row(k).unwrap() as usize] += 1;
+    }
+    assert_eq!(counts, [2; 15]);
     // partitions of equal content share one file: the first three weight
     // columns are four 1.0s each
     let weights: std::collections::BTreeSet<_> = manifest
@@ -817,16 +826,29 @@ fn a_population_past_two_to_the_32_rows_is_drawn_from() {
     let fresh = datasetrt::Snapshot::open(ds.snapshot_dir(), 9).unwrap();
     let sampler = fresh.sampler(Sampling::Replacement, 1, 0, rows).unwrap();
     assert_eq!(sampler.row(k).unwrap(), row);
-    assert_eq!(fresh.alias().unwrap().tables_made(), 1);
+    assert_eq!(fresh.partitioned().unwrap().tables_made(), 1);
 
     let perm = big.sampler(Sampling::Permutation, 1, 0, rows).unwrap();
     let drawn: std::collections::HashSet<u64> = (0..10_000).map(|k| perm.row(k).unwrap()).collect();
     assert_eq!(drawn.len(), 10_000);
     assert!(drawn.iter().all(|&r| r < rows));
     assert!(drawn.iter().any(|&r| r > u64::from(u32::MAX) / 2));
-    for sampling in [Sampling::Balanced, Sampling::WeightedWithoutReplacement] {
-        let err = big.sampler(sampling, 1, 0, rows).unwrap_err();
-        assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
-        assert!(err.to_string().contains("at most 2^32 - 1 rows"), "{err}");
+    // balanced over an epoch of 2 * 4,097 draws: each partition's mass is
+    // 2 / 4,097 of the total, so every partition gives two distinct rows
+    let balanced = big.sampler(Sampling::Balanced, 1, 0, 2 * 4_097).unwrap();
+    let mut per_part = vec![Vec::new(); COPIES];
+    for k in 0..2 * 4_097u64 {
+        let row = balanced.row(k).unwrap();
+        per_part[(row >> 20) as usize].push(row);
     }
+    assert!(
+        per_part.iter().all(|r| r.len() == 2 && r[0] != r[1]),
+        "{:?}",
+        &per_part[..5]
+    );
+    let err = big
+        .sampler(Sampling::WeightedWithoutReplacement, 1, 0, rows)
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
+    assert!(err.to_string().contains("at most 2^32 - 1 rows"), "{err}");
 }

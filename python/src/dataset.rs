@@ -324,14 +324,13 @@ impl PyDataset {
     }
 
     /// The active snapshot as a table for the `datafusion` Python package.
-    fn datafusion_table(&self, py: Python<'_>) -> PyResult<crate::ffi::PyTableProvider> {
+    fn datafusion_table(&self) -> PyResult<crate::ffi::PyTableProvider> {
         let partitions = datasetrt::threads();
         let snapshot = self.inner.snapshot();
-        let table = detach(py, || {
-            datasetrt::query::metadata_table(&snapshot, partitions)
-        })?
-        .py()?;
-        Ok(crate::ffi::PyTableProvider { provider: table })
+        let table = datasetrt::query::MetadataTable::new(snapshot, partitions);
+        Ok(crate::ffi::PyTableProvider {
+            provider: Arc::new(table),
+        })
     }
 
     fn sql(&self, py: Python<'_>, query: String) -> PyResult<PyTable> {

@@ -17,8 +17,15 @@ not of the payloads):
   ``/dev/shm/datasetrt-<uid>/verified``); then ``get_metadata`` in the same
   process (reads, and the first process checks, every column whole);
 - SQL group-by: ``SELECT label, count(*), sum(weight) ... GROUP BY label``;
-- alias build: the first weighted draw on a new snapshot (builds, stores and
-  maps the alias table);
+- alias build: the first weighted draw on a new weight column, then the
+  first batch (256 draws): the alias tables they need are built, stored and
+  mapped (one per partition a draw lands in); then the first batch after a
+  reweight of 1 % of the rows (the tables of the partitions it changed);
+- filter: a fresh process (the host's first) opens the dataset and counts
+  the rows of ``weight > 1.5`` (only the doubled 1 % weighs that much: the
+  partitions' recorded weight ranges leave one partition to read) against
+  ``abs(weight) > 1.5`` (the same rows; the ranges cannot see through
+  ``abs``, so every partition's weights are mapped, checked and filtered);
 - per-reader memory: a fresh process that opens the dataset and reads 100
   batches through ``ds.loader``: anonymous memory it owns (its own heap) and
   the mapped file pages it touched (shared between readers by the OS).
@@ -122,6 +129,30 @@ def reader(root: Path) -> dict[str, float]:
     return json.loads(out.stdout.splitlines()[-1])
 
 
+FILTER = """
+import json, sys, time
+import datasetrt as drt
+t = time.perf_counter()
+n = drt.open(sys.argv[1]).sql(sys.argv[2]).item()
+print(json.dumps({"s": time.perf_counter() - t, "rows": n}))
+"""
+
+
+def filtered(root: Path, where: str) -> dict[str, float]:
+    """A fresh process, the host's first (it checks what it reads): open and
+    count the rows matching ``where``."""
+    shutil.rmtree(VERIFIED, ignore_errors=True)
+    query = f"SELECT count(*) FROM metadata WHERE {where}"
+    out = subprocess.run(
+        [sys.executable, "-c", FILTER, str(root), query],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 def measure(root: Path, ds: drt.Dataset, base: pl.DataFrame, rows: int, repeat: int) -> dict:
     res: dict = {"rows": rows}
     reps = -(-rows // base.height)
@@ -177,11 +208,46 @@ def measure(root: Path, ds: drt.Dataset, base: pl.DataFrame, rows: int, repeat: 
         times.append(time.perf_counter() - t0)
     res["groupby_s"] = statistics.median(times)
 
-    # alias build on a fresh snapshot (first weighted draw builds it)
+    # alias tables of a fresh weight column: the first weighted draw makes
+    # the table of the partition it lands in, the rest of a first batch the
+    # tables of every partition its draws land in (together, on the
+    # engine's threads); then a reweight of 1 % of the rows (contiguous)
+    # and the next first batch: one partition's table is new
+    def aliases() -> set[str]:
+        return {p.name for p in root.rglob("*.alias")}
+
     ds.update_metadata(ds.get_metadata().with_columns((pl.col("quality") + 0.01).alias("weight")))
+    before = aliases()
     t0 = time.perf_counter()
     ds.draws(1, count=1)
+    res["alias_first_draw_s"] = time.perf_counter() - t0
+    ds.draws(1, count=BATCH)
     res["alias_build_s"] = time.perf_counter() - t0
+    res["alias_tables_built"] = len(aliases() - before)
+    meta = ds.get_metadata()
+    ds.update_metadata(
+        meta.with_columns(
+            pl.when(pl.int_range(pl.len()) < rows // 100)
+            .then(pl.col("weight") * 2)
+            .otherwise(pl.col("weight"))
+        )
+    )
+    del meta
+    before = aliases()
+    t0 = time.perf_counter()
+    ds.draws(1, count=BATCH)
+    res["alias_after_reweight_1pct_s"] = time.perf_counter() - t0
+    res["alias_tables_after_reweight_1pct"] = len(aliases() - before)
+
+    # a filter the partitions' recorded ranges answer (only the doubled 1 %
+    # weighs over 1.5: one partition read) against the same rows through an
+    # expression the ranges cannot see through (every partition read)
+    pruned = [filtered(root, "weight > 1.5") for _ in range(repeat)]
+    full = [filtered(root, "abs(weight) > 1.5") for _ in range(repeat)]
+    assert {r["rows"] for r in pruned} == {r["rows"] for r in full}, (pruned, full)
+    res["filter_rows"] = pruned[0]["rows"]
+    res["filter_pruned_s"] = statistics.median(r["s"] for r in pruned)
+    res["filter_full_s"] = statistics.median(r["s"] for r in full)
 
     # a fresh reader process (page cache warm: the files were just written):
     # the host's first checks the chunks it reads and records that; the
@@ -228,8 +294,10 @@ def main() -> None:
         "\n| rows | open + first batch, the host's first process / a later one "
         "| get_metadata, first / later | SQL group-by "
         "| reweight all (written) | reweight 1 %, contiguous / scattered (written) "
-        "| alias build | reader anon / file pages |\n"
-        "|---|---|---|---|---|---|---|---|"
+        "| alias build: first draw / first batch (tables) / after a 1 % reweight (tables) "
+        "| filter, pruned / every partition (ratio) "
+        "| reader anon / file pages |\n"
+        "|---|---|---|---|---|---|---|---|---|"
     )
     for r in results["sizes"]:
         print(
@@ -242,7 +310,12 @@ def main() -> None:
             f"({r['reweight_1pct_contiguous_written_bytes'] / 2**20:.0f} MiB) / "
             f"{ms(r['reweight_1pct_scattered_s'])} "
             f"({r['reweight_1pct_scattered_written_bytes'] / 2**20:.0f} MiB) "
-            f"| {r['alias_build_s'] * 1e3:.0f} ms | {r['reader_anon_read_mib']:.0f} / "
+            f"| {ms(r['alias_first_draw_s'])} / {ms(r['alias_build_s'])} "
+            f"({r['alias_tables_built']}) / {ms(r['alias_after_reweight_1pct_s'])} "
+            f"({r['alias_tables_after_reweight_1pct']}) "
+            f"| {ms(r['filter_pruned_s'])} / {ms(r['filter_full_s'])} "
+            f"({r['filter_pruned_s'] / r['filter_full_s']:.2f}x) "
+            f"| {r['reader_anon_read_mib']:.0f} / "
             f"{r['reader_file_pages_mib']:.0f} MiB |"
         )
     if args.json:

@@ -4,6 +4,7 @@
 
 pub mod commit;
 mod mirror;
+mod ranges;
 pub mod scores;
 mod snapshot;
 mod validate;
@@ -16,6 +17,7 @@ use arrow::array::{new_null_array, ArrayRef, Float64Array, Int64Array, RecordBat
 use arrow::compute::concat_batches;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
+pub use ranges::ColumnRange;
 pub use snapshot::{read_manifest, Manifest, Snapshot};
 
 use crate::store::remote::{self, Remote, RemoteOptions};

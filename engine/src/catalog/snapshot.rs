@@ -18,6 +18,7 @@ use arrow::buffer::ScalarBuffer;
 use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef};
 use xxhash_rust::xxh3::Xxh3;
 
+use super::ranges::ColumnRange;
 use crate::sample::{
     mass, AliasTable, DrawPlan, EpochSampler, PartitionSource, PartitionedWeights, Sampling,
     Weights,
@@ -867,6 +868,9 @@ pub struct ColumnEntry {
     pub name: String,
     pub crc: Option<u32>,
     pub len: Option<u64>,
+    /// Its least and greatest value (a `range=` line after the column's:
+    /// numeric columns written since ranges were recorded).
+    pub range: Option<ColumnRange>,
 }
 
 /// One partition as a manifest names it: its rows, weight mass and column
@@ -1011,10 +1015,15 @@ pub fn publish(
     let mut known: HashMap<String, StoredChecksums> = HashMap::new();
     // the weight mass of every weight column the parent names, by hash
     let mut masses: HashMap<String, f64> = HashMap::new();
+    // and the range of every column file it records one for
+    let mut ranges: HashMap<String, Option<ColumnRange>> = HashMap::new();
     if let Some(manifest) = parent.and_then(|p| read_manifest(dir, p).ok()) {
         for c in manifest.columns() {
             if let (Some(crc), Some(len)) = (c.crc, c.len) {
                 known.insert(c.hash.clone(), (crc, len));
+            }
+            if c.range.is_some() {
+                ranges.insert(c.hash.clone(), c.range);
             }
         }
         for part in &manifest.partitions {
@@ -1087,8 +1096,14 @@ pub fn publish(
             }
         };
         let _ = writeln!(body, "partition={} {mass:?}", batch.num_rows());
-        for (name, (hash, crc, len)) in names.iter().zip(columns) {
+        for (k, (name, (hash, crc, len))) in names.iter().zip(columns).enumerate() {
             let _ = writeln!(body, "column={hash} {crc:08x} {len} {}", escape(name));
+            let range = *ranges
+                .entry(hash.clone())
+                .or_insert_with(|| ColumnRange::of(batch.column(k)));
+            if let Some(range) = range {
+                let _ = writeln!(body, "range={}", range.text());
+            }
         }
     }
     let text = seal_text(&body);
@@ -1292,6 +1307,7 @@ pub fn read_manifest(dir: &Path, number: u64) -> Result<Manifest> {
                     name: name.to_string(),
                     crc: None,
                     len: None,
+                    range: None,
                 });
             }
             "column" => {
@@ -1304,7 +1320,18 @@ pub fn read_manifest(dir: &Path, number: u64) -> Result<Manifest> {
                     crc: Some(u32::from_str_radix(crc, 16).map_err(|_| bad_line())?),
                     len: Some(len.parse().map_err(|_| bad_line())?),
                     name: unescape(name).ok_or_else(bad_line)?,
+                    range: None,
                 });
+            }
+            // the column line before it names the column (builds that do not
+            // know ranges skip these lines, as every reader skips unknown keys)
+            "range" => {
+                let column = manifest
+                    .partitions
+                    .last_mut()
+                    .and_then(|p| p.columns.last_mut())
+                    .ok_or_else(|| bad(format!("range line {line:?} before any column line")))?;
+                column.range = Some(ColumnRange::parse(value).ok_or_else(bad_line)?);
             }
             _ => {}
         }
@@ -1478,6 +1505,28 @@ impl Snapshot {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(self.batches.get_or_init(|| batches))
+    }
+
+    /// Columns `columns` (positions in the schema) of partition `part`,
+    /// every chunk of them checked (once per host): what a query that reads
+    /// those columns of that partition maps, and nothing else.
+    pub fn partition_columns(&self, part: usize, columns: &[usize]) -> Result<Vec<ArrayRef>> {
+        let part = &self.partitions[part];
+        columns
+            .iter()
+            .map(|&k| self.column(part, k)?.whole().cloned())
+            .collect()
+    }
+
+    /// The rows of partition `part`.
+    pub fn partition_rows(&self, part: usize) -> usize {
+        self.partitions[part].rows
+    }
+
+    /// The least and greatest value of column `k` in partition `part`, if
+    /// its manifest records them.
+    pub fn range(&self, part: usize, k: usize) -> Option<ColumnRange> {
+        self.partitions[part].entry.columns.get(k)?.range
     }
 
     pub fn num_rows(&self) -> usize {

@@ -4,6 +4,7 @@
 
 pub mod exec;
 mod live;
+mod metadata;
 pub mod payloads;
 mod tables;
 pub mod udf;
@@ -18,6 +19,7 @@ use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 pub use self::live::{LiveQuery, SELECT_RETRIES};
+pub use self::metadata::MetadataTable;
 use self::tables::Tables;
 use crate::catalog::Snapshot;
 use crate::store::CacheSet;
@@ -26,25 +28,6 @@ use crate::Result;
 /// Rows per output batch. DataFusion's default (8,192) would cut results into
 /// many small chunks on their way to Python.
 pub const BATCH_SIZE: usize = 1 << 16;
-
-/// `snapshot` as a table: its partitions, zero-copy, each cut into slices
-/// so that there are at least `partitions` (DataFusion's) when there are
-/// fewer snapshot partitions.
-pub fn metadata_table(snapshot: &Snapshot, partitions: usize) -> Result<Arc<MemTable>> {
-    let batches = snapshot.batches()?;
-    let pieces = partitions.max(1).div_ceil(batches.len());
-    let mut parts: Vec<Vec<RecordBatch>> = Vec::new();
-    for batch in batches {
-        let rows = batch.num_rows();
-        let per = rows.div_ceil(pieces).max(1);
-        parts.extend(
-            (0..rows)
-                .step_by(per)
-                .map(|start| vec![batch.slice(start, per.min(rows - start))]),
-        );
-    }
-    Ok(Arc::new(MemTable::try_new(snapshot.schema(), parts)?))
-}
 
 /// Refuse, before anything runs, every statement that could read or write a
 /// file or change a table behind the catalog's back: `COPY`, `CREATE
@@ -101,7 +84,7 @@ pub struct QuerySession {
 impl QuerySession {
     /// A session with table `metadata` (the snapshot) and table `payloads`
     /// (the caches, sorted by id), joins to which plan to `PayloadTakeExec`.
-    pub fn new(snapshot: &Snapshot, caches: CacheSet) -> Result<Self> {
+    pub fn new(snapshot: &Arc<Snapshot>, caches: CacheSet) -> Result<Self> {
         let partitions = crate::threads();
         let config = SessionConfig::new()
             .with_batch_size(BATCH_SIZE)
@@ -135,9 +118,9 @@ impl QuerySession {
     }
 
     /// Point table `metadata` at `snapshot`.
-    pub fn set_snapshot(&self, snapshot: &Snapshot) -> Result<()> {
-        self.tables
-            .replace("metadata", metadata_table(snapshot, self.partitions)?);
+    pub fn set_snapshot(&self, snapshot: &Arc<Snapshot>) -> Result<()> {
+        let table = MetadataTable::new(snapshot.clone(), self.partitions);
+        self.tables.replace("metadata", Arc::new(table));
         Ok(())
     }
 

@@ -176,3 +176,192 @@ async fn ordering_the_payloads_scan_by_identity_merges_its_partitions() {
     expected.sort_unstable();
     assert_eq!(cids.into_iter().zip(sids).collect::<Vec<_>>(), expected);
 }
+
+/// A population of 400 rows in partitions of 37, with numeric columns whose
+/// values cluster by row (so partitions' ranges differ) and every value a
+/// range must order right: nulls, NaN, -0.0 and 0.0, infinities, u64 past
+/// i64.
+fn ranged(dir: &std::path::Path) -> Dataset {
+    use arrow::array::{Float64Array, Int32Array, UInt64Array};
+    use arrow::datatypes::{Field, Schema};
+    use std::sync::Arc;
+    write_cache(dir, "r", 400, WriterOptions::default());
+    let options = OpenOptions {
+        partition_rows: Some(37),
+        ..Default::default()
+    };
+    let ds = Dataset::open(&[dir.to_path_buf()], options).unwrap();
+    let base = crate::whole(&ds.snapshot()).unwrap();
+    let n = base.num_rows();
+    let x: Int32Array = (0..n as i32)
+        .map(|i| (i % 11 != 3).then_some(i / 40 - 3))
+        .collect();
+    let specials = [f64::NAN, -0.0, 0.0, f64::INFINITY, f64::NEG_INFINITY];
+    let f: Float64Array = (0..n)
+        .map(|i| match i % 13 {
+            0 => None,
+            1 => Some(specials[(i / 13) % 5]),
+            _ => Some(i as f64 / 10.0 - 15.0),
+        })
+        .collect();
+    let u: UInt64Array = (0..n as u64).map(|i| u64::MAX - 1000 + i / 5).collect();
+    let mut fields: Vec<Field> = base
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    let mut columns = base.columns().to_vec();
+    for (name, column) in [
+        ("x", Arc::new(x) as arrow::array::ArrayRef),
+        ("f", Arc::new(f)),
+        ("u", Arc::new(u)),
+    ] {
+        fields.push(Field::new(name, column.data_type().clone(), true));
+        columns.push(column);
+    }
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(schema.clone(), columns).unwrap();
+    ds.update(&schema, &[batch], "ranged", None, false).unwrap();
+    assert!(ds.snapshot().num_partitions() > 10);
+    ds
+}
+
+/// Filters skip the partitions whose recorded ranges no row of which could
+/// satisfy them: every filter gives the rows a full scan of the same
+/// population (registered as a plain table, which has no ranges) gives.
+#[tokio::test]
+async fn filters_that_skip_partitions_return_what_a_full_scan_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = ranged(dir.path());
+    let snapshot = ds.snapshot();
+    assert!(snapshot
+        .range(0, snapshot.schema().index_of("x").unwrap())
+        .is_some());
+    let session = QuerySession::new(&snapshot, ds.cache_set()).unwrap();
+    let whole = crate::whole(&snapshot).unwrap();
+    session
+        .register("plain", whole.schema(), vec![whole])
+        .unwrap();
+    let atoms = [
+        "x = 2",
+        "x < -2",
+        "x <= 0",
+        "x > 5",
+        "x >= 6",
+        "x != 1",
+        "x BETWEEN 1 AND 2",
+        "x IN (-3, 7)",
+        "x IS NULL",
+        "x IS NOT NULL",
+        "x + 1 > 4",
+        "CAST(x AS DOUBLE) < 0.5",
+        "f < 0",
+        "f <= -0.0",
+        "f = 0.0",
+        "f = -0.0",
+        "f > 1e300",
+        "f = CAST('NaN' AS DOUBLE)",
+        "f >= CAST('inf' AS DOUBLE)",
+        "f < CAST('-inf' AS DOUBLE) OR f IS NULL",
+        "f != f",
+        "f BETWEEN -14.9 AND -14.0",
+        "u > 18446744073709551610",
+        "u < 18446744073709550700",
+        "u = 18446744073709550620",
+        "sample_id < 30",
+        "sample_id >= 370",
+        "weight > 1",
+        "cache_id = 0",
+    ];
+    let mut filters: Vec<String> = atoms.iter().map(|a| a.to_string()).collect();
+    // pairs and negations, picked by a fixed sequence
+    let mut state = 0x9e37_79b9_u64;
+    let mut next = |n: usize| {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) as usize % n
+    };
+    for _ in 0..120 {
+        let (a, b) = (atoms[next(atoms.len())], atoms[next(atoms.len())]);
+        filters.push(match next(3) {
+            0 => format!("({a}) AND ({b})"),
+            1 => format!("({a}) OR ({b})"),
+            _ => format!("NOT ({a}) AND ({b})"),
+        });
+    }
+    let mut skipped = 0;
+    for filter in &filters {
+        let query = |table: &str| {
+            format!("SELECT sample_id FROM {table} WHERE {filter} ORDER BY sample_id")
+        };
+        let (_, got) = session.sql(&query("metadata")).await.unwrap();
+        let (_, want) = session.sql(&query("plain")).await.unwrap();
+        assert_eq!(column(&got, 0), column(&want, 0), "{filter}");
+        let (_, plan) = session
+            .sql(&format!("EXPLAIN {}", query("metadata")))
+            .await
+            .unwrap();
+        let plan = arrow::util::pretty::pretty_format_batches(&plan)
+            .unwrap()
+            .to_string();
+        skipped +=
+            usize::from(!plan.contains(&format!("partitions={}", snapshot.num_partitions())));
+    }
+    // the ranges did their work: most atoms alone skip partitions
+    assert!(
+        skipped > filters.len() / 3,
+        "{skipped} of {}",
+        filters.len()
+    );
+}
+
+/// A partition a filter skips is never read: damage there goes unnoticed by
+/// that query and is a `Corrupt` error for one that reads it.
+#[tokio::test]
+async fn a_partition_a_filter_skips_is_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = ranged(dir.path());
+    let snapshot = ds.snapshot();
+    let last = snapshot.num_partitions() - 1;
+    let manifest = datasetrt::catalog::read_manifest(ds.snapshot_dir(), snapshot.number()).unwrap();
+    let x = manifest.partitions[last]
+        .columns
+        .iter()
+        .find(|c| c.name == "x");
+    let file = ds
+        .snapshot_dir()
+        .join("columns")
+        .join(format!("{}.arrow", x.unwrap().hash));
+    let mut bytes = std::fs::read(&file).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(&file, bytes).unwrap();
+    let options = OpenOptions {
+        partition_rows: Some(37),
+        ..Default::default()
+    };
+    let reopened = Dataset::open(&[dir.path().to_path_buf()], options).unwrap();
+    let session = QuerySession::new(&reopened.snapshot(), reopened.cache_set()).unwrap();
+    // x of the last partition (rows 370..) is 6; x < 5 cannot be there
+    let (_, batches) = session
+        .sql("SELECT count(*) FROM metadata WHERE x < 5")
+        .await
+        .unwrap();
+    assert_eq!(
+        column(&batches, 0),
+        vec![(0..320).filter(|i| i % 11 != 3).count() as i64]
+    );
+    let err = session
+        .sql("SELECT count(*) FROM metadata WHERE x > 5")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, datasetrt::Error::Corrupt { .. }), "{err}");
+    // a query that reads no column of it maps nothing of it either
+    let (_, batches) = session
+        .sql("SELECT sum(sample_id) FROM metadata")
+        .await
+        .unwrap();
+    assert_eq!(column(&batches, 0), vec![(0..400).sum::<i64>()]);
+}

@@ -26,7 +26,7 @@ use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datasetrt::query::exec::{PayloadColumn, PayloadJoinRule, PayloadScanExec};
 use datasetrt::query::payloads::PayloadsTable;
-use datasetrt::query::{metadata_table, QuerySession, BATCH_SIZE};
+use datasetrt::query::{MetadataTable, QuerySession, BATCH_SIZE};
 use datasetrt::store::{CacheWriter, Codec, WriterOptions};
 use datasetrt::{Dataset, OpenOptions};
 
@@ -487,7 +487,7 @@ async fn with_one_partition_a_payload_join_is_still_a_take() {
 /// A context over `ds` like `QuerySession`'s, with or without the rule.
 fn context(
     ds: &Dataset,
-    snapshot: &datasetrt::Snapshot,
+    snapshot: &Arc<datasetrt::Snapshot>,
     partitions: usize,
     rule: bool,
 ) -> SessionContext {
@@ -501,8 +501,8 @@ fn context(
         state = state.with_physical_optimizer_rule(Arc::new(PayloadJoinRule));
     }
     let ctx = SessionContext::new_with_state(state.build());
-    ctx.register_table("metadata", metadata_table(snapshot, partitions).unwrap())
-        .unwrap();
+    let metadata = MetadataTable::new(snapshot.clone(), partitions);
+    ctx.register_table("metadata", Arc::new(metadata)).unwrap();
     ctx.register_table(
         "payloads",
         Arc::new(PayloadsTable::new(ds.cache_set(), partitions)),

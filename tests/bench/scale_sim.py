@@ -80,7 +80,7 @@ def simulate(cost: dict, rows: int, a: argparse.Namespace) -> dict:
         "metadata reads / node / epoch": human_bytes(min(cold_reads, hot_single)),
         "group-by": human_s(cost["groupby_s_per_row"] * rows) + " (1 process)",
         # one thread, into the file's mapping; aliases are u32 (sample/alias.rs)
-        "alias build": human_s(cost["alias_s_per_row"] * rows) + " (1 thread)"
+        "alias build": human_s(cost["alias_table_s_per_row"] * rows) + " (1 thread)"
         if rows <= 2**32
         else "refused: u32 aliases cap a table at 2^32 rows",
         "alias table (mapped)": human_bytes(alias),
@@ -89,6 +89,8 @@ def simulate(cost: dict, rows: int, a: argparse.Namespace) -> dict:
     }
     parts = max(1, math.ceil(rows / a.part_rows))
     part_rows = min(rows, a.part_rows)
+    # one partition's table, built by one thread (measured per row)
+    table_s = cost["alias_table_s_per_row"] * part_rows
     cores = a.sql_workers * a.cores_per_worker
     waves = math.ceil(parts / cores)  # a partition is one task
     partitioned = {
@@ -109,8 +111,14 @@ def simulate(cost: dict, rows: int, a: argparse.Namespace) -> dict:
         "metadata reads / node / epoch": human_bytes(min(cold_reads, hot_parts)),
         "group-by": f"{human_s(cost['groupby_s_per_row'] * part_rows * waves)} "
         f"({a.sql_workers} x {a.cores_per_worker} cores)",
-        "alias build": f"{human_s(cost['alias_s_per_row'] * part_rows * waves)} "
-        f"({parts} tables in parallel + one of {parts} masses)",
+        # measured: a first batch builds the tables of the partitions its
+        # draws land in, on the host's threads (`--threads`); the rest are
+        # built when draws first land there, each once per weight column
+        "alias build, first batch": f"{human_s(first_batch_tables(parts, a) * table_s)} "
+        f"({landed(parts, a.batch):.0f} of {parts} tables on {a.threads} threads)",
+        "alias build, first batch after a 1 % reweight": human_s(
+            math.ceil(min(parts, math.ceil(rows / 100 / part_rows + 1)) / a.threads) * table_s
+        ),
         "alias table (mapped)": human_bytes(part_rows * alias_per_row) + " / partition",
         "reweight writes": human_bytes(rows * 8),
         # measured: a reweight of clustered rows writes their partitions
@@ -126,6 +134,16 @@ def simulate(cost: dict, rows: int, a: argparse.Namespace) -> dict:
     return {"rows": rows, "ranks": ranks, "single": single, "partitioned": partitioned}
 
 
+def landed(parts: int, draws: int) -> float:
+    """Expected partitions `draws` draws land in (partitions of equal mass)."""
+    return parts * (1 - (1 - 1 / parts) ** draws)
+
+
+def first_batch_tables(parts: int, a: argparse.Namespace) -> int:
+    """Rounds of table builds a first batch waits for, on `a.threads` threads."""
+    return math.ceil(landed(parts, a.batch) / a.threads)
+
+
 def costs(path: Path) -> tuple[dict, dict]:
     data = json.loads(path.read_text())
     top = max(data["sizes"], key=lambda r: r["rows"])
@@ -137,7 +155,12 @@ def costs(path: Path) -> tuple[dict, dict]:
         "open_s_per_row": top["reader_open_s"] / n,
         "first_batch_s": top.get("reader_first_batch_s"),
         "groupby_s_per_row": top["groupby_s"] / n,
-        "alias_s_per_row": top["alias_build_s"] / n,
+        # tables are built in parallel on the measuring machine's threads
+        "alias_table_s_per_row": top["alias_build_s"]
+        / math.ceil(top.get("alias_tables_built", 1) / data["cpus"])
+        / min(n, 1 << 22)
+        if "alias_tables_built" in top
+        else top["alias_build_s"] / n,
         "reweight_s_per_row": top["reweight_s"] / n,
         "anon_mib": top["reader_anon_read_mib"],
         "reweight_1pct_s_per_row": (top["reweight_1pct_contiguous_s"] / n)
@@ -165,6 +188,7 @@ def main() -> None:
     p.add_argument("--columns", type=int, default=5, help="columns in the snapshot")
     p.add_argument("--part-rows", type=int, default=1 << 22, help="rows per partition")
     p.add_argument("--batch", type=int, default=256, help="draws in a loader's first batch")
+    p.add_argument("--threads", type=int, default=2, help="threads that build alias tables")
     p.add_argument("--nodes", type=int, default=16, help="training nodes")
     p.add_argument("--ranks-per-node", type=int, default=8)
     p.add_argument("--workers-per-rank", type=int, default=4, help="DataLoader workers")

@@ -22,6 +22,9 @@ pub struct LiveQuery {
     /// Made on first use: a DataFusion context is ~0.14 ms of work that a
     /// loader-only process (a DataLoader worker) never needs.
     session: OnceLock<Arc<QuerySession>>,
+    /// Where queries over `metadata` run: these workers' URLs, or (none)
+    /// this process.
+    workers: Vec<String>,
     /// Serialises changes of the active snapshot (and the session's
     /// creation), so the session follows the dataset.
     changes: Mutex<()>,
@@ -29,9 +32,16 @@ pub struct LiveQuery {
 
 impl LiveQuery {
     pub fn new(dataset: Arc<Dataset>) -> LiveQuery {
+        Self::with_workers(dataset, Vec::new())
+    }
+
+    /// Queries whose scans of `metadata` run on `workers` (see
+    /// [`super::distributed`]); the commits stay here.
+    pub fn with_workers(dataset: Arc<Dataset>, workers: Vec<String>) -> LiveQuery {
         LiveQuery {
             dataset,
             session: OnceLock::new(),
+            workers,
             changes: Mutex::new(()),
         }
     }
@@ -50,7 +60,11 @@ impl LiveQuery {
         if let Some(session) = self.session.get() {
             return Ok(session.clone());
         }
-        let session = QuerySession::new(&self.dataset.snapshot(), self.dataset.cache_set())?;
+        let session = QuerySession::with_workers(
+            &self.dataset.snapshot(),
+            self.dataset.cache_set(),
+            &self.workers,
+        )?;
         Ok(self.session.get_or_init(|| Arc::new(session)).clone())
     }
 

@@ -1,33 +1,30 @@
 //! Table `metadata`: a snapshot, zero-copy over its mapped column files,
 //! one DataFusion partition per snapshot partition (cut finer when there
-//! are fewer than the session's target partitions). A query maps and
-//! checks only the columns it reads, of the partitions its filters can
-//! match: the manifest records the range of each numeric column of each
-//! partition, and a partition no value of whose ranges can satisfy the
-//! filters is skipped unread.
+//! are fewer than the session's target partitions), scanned by
+//! [`MetadataScanExec`]. A query maps and checks only the columns it reads,
+//! of the partitions its filters can match: the manifest records the range
+//! of each numeric column of each partition, and a partition no value of
+//! whose ranges can satisfy the filters is skipped unread.
 
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::array::{
-    new_null_array, Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions,
-};
+use arrow::array::{new_null_array, Array, ArrayRef, BooleanArray};
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::{Column, DFSchema, ScalarValue};
-use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::TableType;
-use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::error::Result as DfResult;
 use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::pruning::{PruningPredicateBuilder, PruningStatistics};
 use datafusion::physical_plan::ExecutionPlan;
 
+use super::exec::MetadataScanExec;
 use crate::catalog::Snapshot;
-use crate::Result;
 
 /// A snapshot as a table.
 pub struct MetadataTable {
@@ -72,35 +69,6 @@ impl MetadataTable {
             Err(_) => all,
         }
     }
-
-    /// Columns `columns` of partitions `parts`, each cut into slices so
-    /// that there are at least as many as the table's partitions.
-    fn read(
-        &self,
-        parts: &[usize],
-        columns: &[usize],
-        schema: SchemaRef,
-    ) -> Result<Vec<Vec<RecordBatch>>> {
-        let pieces = self.partitions.div_ceil(parts.len().max(1));
-        // one partition, empty, when the filters match none
-        let mut out = Vec::new();
-        if parts.is_empty() {
-            out.push(Vec::new());
-        }
-        for &p in parts {
-            let rows = self.snapshot.partition_rows(p);
-            let arrays = self.snapshot.partition_columns(p, columns)?;
-            let options = RecordBatchOptions::new().with_row_count(Some(rows));
-            let batch = RecordBatch::try_new_with_options(schema.clone(), arrays, &options)?;
-            let per = rows.div_ceil(pieces).max(1);
-            out.extend(
-                (0..rows)
-                    .step_by(per)
-                    .map(|start| vec![batch.slice(start, per.min(rows - start))]),
-            );
-        }
-        Ok(out)
-    }
 }
 
 #[async_trait]
@@ -140,18 +108,9 @@ impl TableProvider for MetadataTable {
             Some(p) => p.clone(),
             None => (0..schema.fields().len()).collect(),
         };
-        let projected = Arc::new(schema.project(&columns)?);
-        // mapping and checking the columns is file I/O: off the async workers
-        let this = MetadataTable::new(self.snapshot.clone(), self.partitions);
-        let out = projected.clone();
-        let read = move || this.read(&parts, &columns, out);
-        let batches = match tokio::runtime::Handle::try_current() {
-            Ok(_) => tokio::task::spawn_blocking(read)
-                .await
-                .map_err(|e| DataFusionError::External(Box::new(e)))?,
-            Err(_) => read(),
-        }?;
-        Ok(MemorySourceConfig::try_new_exec(&batches, projected, None)?)
+        let slices = MetadataScanExec::slices_of(&self.snapshot, &parts, self.partitions);
+        let scan = MetadataScanExec::new(self.snapshot.clone(), columns, slices)?;
+        Ok(Arc::new(scan))
     }
 }
 

@@ -2,6 +2,7 @@
 //! snapshot, served zero-copy from its mapped file; `PayloadTakeExec` turns
 //! identities into payload bytes.
 
+pub mod distributed;
 pub mod exec;
 mod live;
 mod metadata;
@@ -85,17 +86,30 @@ impl QuerySession {
     /// A session with table `metadata` (the snapshot) and table `payloads`
     /// (the caches, sorted by id), joins to which plan to `PayloadTakeExec`.
     pub fn new(snapshot: &Arc<Snapshot>, caches: CacheSet) -> Result<Self> {
+        Self::with_workers(snapshot, caches, &[])
+    }
+
+    /// A session whose queries over `metadata` run on `workers` (URLs of
+    /// processes serving [`distributed::serve`]; none: in this process).
+    pub fn with_workers(
+        snapshot: &Arc<Snapshot>,
+        caches: CacheSet,
+        workers: &[String],
+    ) -> Result<Self> {
         let partitions = crate::threads();
         let config = SessionConfig::new()
             .with_batch_size(BATCH_SIZE)
             .with_target_partitions(partitions)
             .with_information_schema(true);
-        let state = SessionStateBuilder::new()
+        let mut state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
             .with_physical_optimizer_rule(Arc::new(exec::PayloadJoinRule))
-            .with_physical_optimizer_rule(Arc::new(exec::YieldingJoins))
-            .build();
+            .with_physical_optimizer_rule(Arc::new(exec::YieldingJoins));
+        if !workers.is_empty() {
+            state = distributed::coordinate(state, workers)?;
+        }
+        let state = state.build();
         let ctx = SessionContext::new_with_state(state);
         ctx.register_udf(udf::drt_uniform());
         let tables = Arc::new(Tables::default());

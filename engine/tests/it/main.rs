@@ -1,4 +1,5 @@
 mod catalog;
+mod distributed;
 mod fuzz;
 mod layers;
 mod load;

@@ -79,7 +79,7 @@ async fn a_live_query_follows_commits_and_select_retries_on_a_moved_head() {
     assert_eq!(count(&live).await, 4, "the session follows a pin");
 }
 
-fn column(batches: &[RecordBatch], i: usize) -> Vec<i64> {
+pub fn column(batches: &[RecordBatch], i: usize) -> Vec<i64> {
     batches
         .iter()
         .flat_map(|b| b.column(i).as_primitive::<Int64Type>().values().to_vec())
@@ -181,7 +181,7 @@ async fn ordering_the_payloads_scan_by_identity_merges_its_partitions() {
 /// values cluster by row (so partitions' ranges differ) and every value a
 /// range must order right: nulls, NaN, -0.0 and 0.0, infinities, u64 past
 /// i64.
-fn ranged(dir: &std::path::Path) -> Dataset {
+pub fn ranged(dir: &std::path::Path) -> Dataset {
     use arrow::array::{Float64Array, Int32Array, UInt64Array};
     use arrow::datatypes::{Field, Schema};
     use std::sync::Arc;

@@ -133,7 +133,7 @@ ProjectionExec: expr=[cache_id@0 as cache_id, sample_id@1 as sample_id, data@4 a
   PayloadTakeExec: caches=2, columns=[cache_id, sample_id, data], unmatched=Drop, concurrency=2, verify_checksums=true
     CoalescePartitionsExec
       FilterExec: label@2 = 1, projection=[cache_id@0, sample_id@1]
-        DataSourceExec: partitions=2, partition_sizes=[1, 1]
+        MetadataScanExec: snapshot=0, columns=[cache_id, sample_id, label], partitions=1 of 1, slices=2
 ",
     )
     .await;
@@ -149,7 +149,8 @@ async fn payloads_may_come_first_with_the_keys_in_any_order_and_keep_the_select_
         "
 ProjectionExec: expr=[data@5 as data, sample_id@1 as sample_id, raw_len@4 as raw_len]
   PayloadTakeExec: caches=2, columns=[cache_id, sample_id, raw_len, data], unmatched=Drop, concurrency=2, verify_checksums=true
-    DataSourceExec: partitions=2, partition_sizes=[1, 1]
+    CooperativeExec
+      MetadataScanExec: snapshot=0, columns=[cache_id, sample_id], partitions=1 of 1, slices=2
 ",
     )
     .await;
@@ -267,7 +268,7 @@ ProjectionExec: expr=[sample_id@1 as sample_id, data@5 as data]
       FilterExec: sample_id@1 % 2 = 1
         CoalescePartitionsExec
           FilterExec: sample_id@1 % 2 = 1
-            DataSourceExec: partitions=2, partition_sizes=[1, 1]
+            MetadataScanExec: snapshot=0, columns=[cache_id, sample_id], partitions=1 of 1, slices=2
 ",
     )
     .await;
@@ -285,7 +286,7 @@ async fn selecting_index_columns_or_counting_reads_no_payload_bytes() {
 ProjectionExec: expr=[sample_id@1 as sample_id, raw_len@4 as raw_len, codec@5 as codec]
   PayloadTakeExec: caches=2, columns=[cache_id, sample_id, raw_len, codec], unmatched=Drop, concurrency=2, verify_checksums=true
     CoalescePartitionsExec
-      DataSourceExec: partitions=2, partition_sizes=[1, 1]
+      MetadataScanExec: snapshot=0, columns=[cache_id, sample_id], partitions=1 of 1, slices=2
 ",
     )
     .await;
@@ -300,7 +301,7 @@ ProjectionExec: expr=[count(Int64(1))@0 as count(*)]
         ProjectionExec: expr=[]
           PayloadTakeExec: caches=2, columns=[cache_id, sample_id], unmatched=Drop, concurrency=2, verify_checksums=true
             CoalescePartitionsExec
-              DataSourceExec: partitions=2, partition_sizes=[1, 1]
+              MetadataScanExec: snapshot=0, columns=[cache_id, sample_id], partitions=1 of 1, slices=2
 ",
     )
     .await;
@@ -317,7 +318,7 @@ async fn a_join_on_part_of_the_identity_or_with_more_conditions_is_not_a_take() 
 CooperativeExec
   HashJoinExec: mode=CollectLeft, join_type=Inner, on=[(sample_id@0, sample_id@0)], projection=[sample_id@0, data@2]
     CoalescePartitionsExec
-      DataSourceExec: partitions=2, partition_sizes=[1, 1]
+      MetadataScanExec: snapshot=0, columns=[sample_id], partitions=1 of 1, slices=2
     CooperativeExec
       PayloadScanExec: caches=2, columns=[sample_id, data], partitions=2
 ",
@@ -332,7 +333,7 @@ CooperativeExec
 CooperativeExec
   HashJoinExec: mode=CollectLeft, join_type=Inner, on=[(cache_id@0, cache_id@0), (sample_id@1, sample_id@1)], filter=raw_len@1 > label@0, projection=[sample_id@1, data@6]
     CoalescePartitionsExec
-      DataSourceExec: partitions=2, partition_sizes=[1, 1]
+      MetadataScanExec: snapshot=0, columns=[cache_id, sample_id, label], partitions=1 of 1, slices=2
     CooperativeExec
       PayloadScanExec: caches=2, columns=[cache_id, sample_id, raw_len, data], partitions=2
 ",
@@ -368,7 +369,7 @@ CoalescePartitionsExec: fetch=3
     ProjectionExec: expr=[sample_id@1 as sample_id, data@4 as data]
       PayloadTakeExec: caches=2, columns=[cache_id, sample_id, data], unmatched=Drop, concurrency=2, verify_checksums=true
         CoalescePartitionsExec
-          DataSourceExec: partitions=2, partition_sizes=[1, 1]
+          MetadataScanExec: snapshot=0, columns=[cache_id, sample_id], partitions=1 of 1, slices=2
 ",
     )
     .await;

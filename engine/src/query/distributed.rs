@@ -1,0 +1,254 @@
+//! SQL across processes and machines on `datafusion-distributed`: the
+//! coordinator's session cuts a plan into stages at its repartitions and
+//! sends each stage's tasks to workers over Arrow Flight (gRPC); a worker
+//! runs what it is sent and streams the rows back.
+//!
+//! Only recipes cross the wire. A scan of `metadata` names its snapshot's
+//! directory and number, the columns and its slices of partitions, and a
+//! worker opens that snapshot itself (the same host, or a file system every
+//! worker mounts), checking what it reads as any reader does. The scan is
+//! spread over the workers, its slices dealt to them in turn; the stages
+//! above it (partial aggregates, repartitions) follow, and the last one
+//! returns to the coordinator, which commits what `select` produced. The
+//! other nodes of the engine (`payloads`, the loader's draws) run on the
+//! coordinator: their stages are not sent anywhere.
+
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::{SessionStateBuilder, TaskContext};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion_distributed::{
+    DesiredTaskCountEvent, DesiredTaskCountEventResponse, DistributedExt, DistributedLeafExec,
+    ScaleUpLeafNodeEvent, ScaleUpLeafNodeEventResponse, SessionStateBuilderExt, Worker,
+    WorkerQueryContext, WorkerResolver,
+};
+use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+
+use super::exec::{MetadataScanExec, PayloadScanExec, PayloadTakeExec, SampleExec, Slice};
+use crate::catalog::Snapshot;
+use crate::{Error, Result};
+
+/// The workers a coordinator sends tasks to.
+#[derive(Debug, Clone)]
+struct Workers(Vec<url::Url>);
+
+impl WorkerResolver for Workers {
+    fn get_urls(&self) -> DfResult<Vec<url::Url>> {
+        Ok(self.0.clone())
+    }
+}
+
+/// `builder` as a coordinator that plans across `workers` (URLs such as
+/// `http://10.0.0.7:7070`).
+pub fn coordinate(builder: SessionStateBuilder, workers: &[String]) -> Result<SessionStateBuilder> {
+    if workers.is_empty() {
+        return Err(Error::invalid(
+            "a distributed session needs at least one worker URL",
+        ));
+    }
+    let urls = workers
+        .iter()
+        .map(|w| {
+            url::Url::parse(w)
+                .map_err(|e| Error::invalid(format!("worker URL {w:?} is not a URL: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(builder
+        .with_distributed_worker_resolver(Workers(urls))
+        .with_distributed_planner()
+        .with_distributed_user_codec(RecipeCodec)
+        .with_distributed_desired_task_count_handler(desired_tasks)
+        .with_distributed_scale_up_leaf_node_handler(spread))
+}
+
+/// A worker: it plans nothing, and runs the tasks coordinators send it.
+pub fn worker() -> Worker {
+    Worker::from_session_builder(|ctx: WorkerQueryContext| async move {
+        let mut state = ctx.builder.with_distributed_user_codec(RecipeCodec).build();
+        datafusion::execution::FunctionRegistry::register_udf(
+            &mut state,
+            Arc::new(super::udf::drt_uniform()),
+        )?;
+        Ok(state)
+    })
+}
+
+/// Serve a worker on `listener` until the process ends (or the future is
+/// dropped).
+pub async fn serve(listener: tokio::net::TcpListener) -> Result<()> {
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tonic::transport::Server::builder()
+        .add_service(worker().into_worker_server())
+        .serve_with_incoming(incoming)
+        .await
+        .map_err(|e| Error::internal(format!("the worker's server stopped: {e}")))
+}
+
+/// A scan of `metadata` asks for one task per snapshot partition it reads
+/// (the planner gives it at most one per worker).
+fn desired_tasks(ev: DesiredTaskCountEvent) -> Option<DfResult<DesiredTaskCountEventResponse>> {
+    let scan = ev.plan.downcast_ref::<MetadataScanExec>()?;
+    let mut parts: Vec<usize> = scan
+        .slices()
+        .iter()
+        .filter(|s| s.len > 0)
+        .map(|s| s.part)
+        .collect();
+    parts.dedup();
+    Some(Ok(DesiredTaskCountEventResponse::desired(
+        parts.len().max(1),
+    )))
+}
+
+/// A scan of `metadata` in a stage of `task_count` tasks: its slices dealt
+/// to them in turn.
+fn spread(ev: ScaleUpLeafNodeEvent) -> Option<DfResult<ScaleUpLeafNodeEventResponse>> {
+    let scan = ev.plan.downcast_ref::<MetadataScanExec>()?;
+    let leaf = scan.spread(ev.task_count).and_then(|variants| {
+        let variants = variants
+            .into_iter()
+            .map(|v| Arc::new(v) as Arc<dyn ExecutionPlan>);
+        DistributedLeafExec::try_new(ev.plan.clone(), variants)
+    });
+    Some(leaf.map(|leaf| ScaleUpLeafNodeEventResponse::new(Arc::new(leaf))))
+}
+
+/// The engine's nodes as recipes on the wire.
+#[derive(Debug)]
+pub struct RecipeCodec;
+
+const METADATA_SCAN: &[u8] = b"datasetrt metadata scan 1\n";
+
+impl PhysicalExtensionCodec for RecipeCodec {
+    fn try_decode(
+        &self,
+        buf: &[u8],
+        inputs: &[Arc<dyn ExecutionPlan>],
+        _ctx: &TaskContext,
+        _proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let recipe = buf.strip_prefix(METADATA_SCAN).ok_or_else(|| {
+            DataFusionError::Internal("not a node this build of datasetrt encodes".into())
+        })?;
+        if !inputs.is_empty() {
+            return Err(DataFusionError::Internal(
+                "a metadata scan has no inputs".into(),
+            ));
+        }
+        let mut r = Reader(recipe);
+        let dir = PathBuf::from(std::ffi::OsStr::from_bytes(r.bytes()?));
+        let number = r.u64()?;
+        let columns = (0..r.u64()?)
+            .map(|_| r.u64().map(|c| c as usize))
+            .collect::<DfResult<Vec<_>>>()?;
+        let slices = (0..r.u64()?)
+            .map(|_| {
+                Ok(Slice {
+                    part: r.u64()? as usize,
+                    start: r.u64()? as usize,
+                    len: r.u64()? as usize,
+                })
+            })
+            .collect::<DfResult<Vec<_>>>()?;
+        let snapshot = opened(dir, number)?;
+        Ok(Arc::new(MetadataScanExec::new(snapshot, columns, slices)?))
+    }
+
+    fn try_encode(
+        &self,
+        node: Arc<dyn ExecutionPlan>,
+        buf: &mut Vec<u8>,
+        _proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> DfResult<()> {
+        let Some(scan) = node.downcast_ref::<MetadataScanExec>() else {
+            let local = node.downcast_ref::<PayloadScanExec>().is_some()
+                || node.downcast_ref::<PayloadTakeExec>().is_some()
+                || node.downcast_ref::<SampleExec>().is_some();
+            return Err(DataFusionError::NotImplemented(match local {
+                true => format!(
+                    "{} runs on the coordinator only: a query that reads payloads or draws runs \
+                     in one process (a session without workers)",
+                    node.name()
+                ),
+                false => format!("{} has no recipe to send to a worker", node.name()),
+            }));
+        };
+        let (dir, number) = scan.snapshot_at();
+        buf.extend_from_slice(METADATA_SCAN);
+        put_bytes(buf, dir.as_os_str().as_bytes());
+        put(buf, number);
+        put(buf, scan.columns().len() as u64);
+        for &c in scan.columns() {
+            put(buf, c as u64);
+        }
+        put(buf, scan.slices().len() as u64);
+        for s in scan.slices() {
+            put(buf, s.part as u64);
+            put(buf, s.start as u64);
+            put(buf, s.len as u64);
+        }
+        Ok(())
+    }
+}
+
+fn put(buf: &mut Vec<u8>, v: u64) {
+    buf.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_bytes(buf: &mut Vec<u8>, bytes: &[u8]) {
+    put(buf, bytes.len() as u64);
+    buf.extend_from_slice(bytes);
+}
+
+/// Reads what [`put`] wrote; a short or malformed recipe is an error.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> DfResult<&'a [u8]> {
+        if self.0.len() < n {
+            return Err(DataFusionError::Internal(
+                "a metadata scan recipe ends early".into(),
+            ));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u64(&mut self) -> DfResult<u64> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    fn bytes(&mut self) -> DfResult<&'a [u8]> {
+        let n = usize::try_from(self.u64()?).unwrap_or(usize::MAX);
+        self.take(n)
+    }
+}
+
+/// Snapshots a worker opened lately: the tasks of one query (and of the
+/// queries after it) open each one once.
+fn opened(dir: PathBuf, number: u64) -> Result<Arc<Snapshot>> {
+    const KEEP: usize = 4;
+    static OPENED: Mutex<Vec<(PathBuf, u64, Arc<Snapshot>)>> = Mutex::new(Vec::new());
+    let mut opened = OPENED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(at) = opened
+        .iter()
+        .position(|(d, n, _)| *d == dir && *n == number)
+    {
+        let entry = opened.remove(at);
+        let snapshot = entry.2.clone();
+        opened.push(entry);
+        return Ok(snapshot);
+    }
+    let snapshot = Arc::new(Snapshot::open(&dir, number)?);
+    if opened.len() == KEEP {
+        opened.remove(0);
+    }
+    opened.push((dir, number, snapshot.clone()));
+    Ok(snapshot)
+}

@@ -1,0 +1,137 @@
+//! SQL on workers: two workers on 127.0.0.1, started by the test, run the
+//! scans of `metadata` and the stages above them; every answer equals the
+//! one the same query gives in one process.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::RecordBatch;
+use arrow::util::pretty::pretty_format_batches;
+use datasetrt::query::{distributed, LiveQuery, QuerySession};
+
+use crate::query::ranged;
+
+/// Two workers serving on loopback, stopped when the test's runtime ends.
+async fn workers() -> Vec<String> {
+    let mut urls = Vec::new();
+    for _ in 0..2 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        urls.push(format!("http://{}", listener.local_addr().unwrap()));
+        tokio::spawn(distributed::serve(listener));
+    }
+    urls
+}
+
+/// Rows as sorted text: the order of a query without ORDER BY is not part
+/// of its answer.
+fn rows(batches: &[RecordBatch]) -> Vec<String> {
+    let text = pretty_format_batches(batches).unwrap().to_string();
+    let mut lines: Vec<String> = text.lines().skip(3).map(str::to_string).collect();
+    lines.sort();
+    lines
+}
+
+async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(120), f)
+        .await
+        .expect("a distributed query finishes within two minutes")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_by_on_two_workers_equals_the_one_in_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = ranged(dir.path());
+    let snapshot = ds.snapshot();
+    let urls = workers().await;
+    let here = QuerySession::new(&snapshot, ds.cache_set()).unwrap();
+    let there = QuerySession::with_workers(&snapshot, ds.cache_set(), &urls).unwrap();
+    for query in [
+        "SELECT x, count(*) AS n, sum(weight) AS w, max(sample_id) AS s FROM metadata GROUP BY x",
+        "SELECT count(*) AS n, max(u) AS u FROM metadata WHERE sample_id % 3 = 1",
+        "SELECT cache_id, sample_id, f FROM metadata WHERE x >= 2 AND f > -10",
+        "SELECT drt_uniform(7, cache_id, sample_id) AS r FROM metadata WHERE x = 1",
+    ] {
+        let (_, want) = here.sql(query).await.unwrap();
+        let (_, got) = within(there.sql(query)).await.unwrap();
+        assert_eq!(rows(&got), rows(&want), "{query}");
+    }
+    // the plan did leave the process: the scan's stage runs as two tasks
+    let df = there
+        .context()
+        .sql("SELECT x, count(*) FROM metadata GROUP BY x")
+        .await
+        .unwrap();
+    let plan = df.create_physical_plan().await.unwrap();
+    let plan = datafusion_distributed::display_plan_ascii(plan.as_ref(), false);
+    assert!(plan.contains("tasks=2"), "{plan}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_and_reweight_committed_from_workers_is_the_one_process_commit() {
+    let urls = workers().await;
+    let query = "SELECT cache_id, sample_id, x, f, u, weight * (1 + x) AS weight \
+                 FROM metadata WHERE x > 0";
+    let mut committed = Vec::new();
+    for workers in [Vec::new(), urls] {
+        let dir = tempfile::tempdir().unwrap();
+        let live = Arc::new(LiveQuery::with_workers(
+            Arc::new(ranged(dir.path())),
+            workers,
+        ));
+        let number = within(live.clone().select(query.into(), "reweight".into(), false))
+            .await
+            .unwrap();
+        let snapshot = live.dataset().snapshot();
+        assert_eq!(snapshot.number(), number);
+        let session = QuerySession::new(&snapshot, live.dataset().cache_set()).unwrap();
+        // the two datasets' cache ids differ (each names its own cache)
+        let (_, batches) = session
+            .sql("SELECT sample_id, x, f, u, weight FROM metadata")
+            .await
+            .unwrap();
+        committed.push(rows(&batches));
+    }
+    assert!(!committed[0].is_empty());
+    assert_eq!(committed[0], committed[1]);
+}
+
+/// Payloads are read where the caches are, by the coordinator: the workers
+/// scan and filter `metadata`, the coordinator takes the payloads of the
+/// rows they return, and the answer is the one-process one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_with_payloads_reads_them_on_the_coordinator_from_rows_the_workers_filtered() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = ranged(dir.path());
+    let urls = workers().await;
+    let here = QuerySession::new(&ds.snapshot(), ds.cache_set()).unwrap();
+    let there = QuerySession::with_workers(&ds.snapshot(), ds.cache_set(), &urls).unwrap();
+    for query in [
+        "SELECT m.sample_id, p.raw_len, p.data FROM metadata m \
+         JOIN payloads p USING (cache_id, sample_id) WHERE m.x = 2",
+        "SELECT count(*) AS n, sum(raw_len) AS bytes FROM payloads",
+        "SELECT sample_id, stored_len FROM payloads WHERE sample_id < 20",
+    ] {
+        let (_, want) = here.sql(query).await.unwrap();
+        let (_, got) = within(there.sql(query)).await.unwrap();
+        assert_eq!(rows(&got), rows(&want), "{query}");
+    }
+    let df = there
+        .context()
+        .sql(
+            "SELECT m.x, p.raw_len FROM metadata m \
+             JOIN payloads p USING (cache_id, sample_id) WHERE m.x = 2",
+        )
+        .await
+        .unwrap();
+    let plan = df.create_physical_plan().await.unwrap();
+    let plan = datafusion_distributed::display_plan_ascii(plan.as_ref(), false);
+    let take = plan.find("PayloadTakeExec").unwrap();
+    assert!(take < plan.find("Stage 1").unwrap(), "{plan}");
+    let err = QuerySession::with_workers(&ds.snapshot(), ds.cache_set(), &["not a url".into()])
+        .err()
+        .unwrap();
+    assert!(
+        matches!(err, datasetrt::Error::InvalidInput { .. }),
+        "{err}"
+    );
+}

@@ -18,7 +18,8 @@ pub fn runtime() -> PyResult<Arc<Runtime>> {
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(datasetrt::threads())
                 .thread_name("datasetrt")
-                .enable_time()
+                // time for timers; I/O for distributed SQL's connections
+                .enable_all()
                 .build()
         })
         .map_err(|e| {

@@ -225,8 +225,10 @@ def measure(root: Path, ds: drt.Dataset, base: pl.DataFrame, rows: int, repeat: 
     try:
         urls = [w.stdout.readline().split()[-1] for w in workers]
         there = drt.open(root, workers=urls)
-        want = ds.sql(q).sort("label")
-        assert there.sql(q).sort("label").equals(want)
+        want, got = ds.sql(q).sort("label"), there.sql(q).sort("label")
+        # sums of floats added in another order agree to rounding only
+        assert got.select("label", "n").equals(want.select("label", "n"))
+        assert ((got["w"] - want["w"]).abs() <= 1e-9 * want["w"].abs()).all()
         here_t, there_t = [], []
         for _ in range(repeat):
             t0 = time.perf_counter()

@@ -270,7 +270,6 @@ def test_the_wrapper_classes_are_found():
         "Batch": "Batch",
         "Dataset": "Dataset",
         "Loader": "Loader",
-        "Worker": "Worker",
         "_Writer": "ScoreWriter",
     }
 

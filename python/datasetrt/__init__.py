@@ -41,7 +41,6 @@ from .exceptions import (
     UnsupportedFormatError,
 )
 from .loader import Batch, Loader, Sample
-from .worker import Worker
 
 __all__ = [
     "ArrowError",
@@ -59,7 +58,6 @@ __all__ = [
     "Sample",
     "StorageError",
     "UnsupportedFormatError",
-    "Worker",
     "__version__",
     "build",
     "build_ray",
@@ -199,7 +197,6 @@ def open(
     storage_options: Mapping[str, str] | None = None,
     cache_dir: PathLike | None = None,
     cache_bytes: int | None = None,
-    workers: Sequence[str] = (),
 ) -> Dataset:
     """Open a dataset: a root holding caches, one cache directory, or a list of either.
 
@@ -217,9 +214,6 @@ def open(
     ``timeout``...); ``AWS_*`` environment variables are read too. The
     metadata snapshots of a remote dataset live in the replica directory
     unless ``snapshot_dir`` says otherwise.
-
-    ``workers`` (URLs of :class:`Worker` processes) runs the dataset's SQL
-    over ``metadata`` on them (see :mod:`datasetrt.worker`).
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
@@ -229,7 +223,6 @@ def open(
         storage_options=storage_options,
         cache_dir=cache_dir,
         cache_bytes=cache_bytes,
-        workers=workers,
     )
 
 

@@ -62,12 +62,8 @@ class Dataset:
         storage_options: Mapping[str, str] | None = None,
         cache_dir: PathLike | None = None,
         cache_bytes: int | None = None,
-        workers: Sequence[str] = (),
     ):
         self._paths = [os.fspath(p) for p in paths]
-        if isinstance(workers, str):
-            raise InvalidInputError("workers is a list of worker URLs, not one string")
-        self._workers = [str(w) for w in workers]
         self._snapshot_dir = None if snapshot_dir is None else os.fspath(snapshot_dir)
         self._remote: dict[str, Any] = {
             "storage_options": _storage_options(storage_options),
@@ -82,8 +78,6 @@ class Dataset:
             self._remote["storage_options"],
             self._remote["cache_dir"],
             self._remote["cache_bytes"],
-            None,
-            self._workers,
         )
         self._frame: tuple[int, pl.DataFrame] | None = None
 
@@ -93,16 +87,13 @@ class Dataset:
             "paths": self._paths,
             "snapshot_dir": self._snapshot_dir,
             "remote": self._remote,
-            "workers": self._workers,
             "snapshot": self.version,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         remote = dict(state["remote"])
         remote["storage_options"] = dict(remote["storage_options"] or [])
-        self.__init__(  # type: ignore[misc]
-            state["paths"], state["snapshot_dir"], workers=state.get("workers", ()), **remote
-        )
+        self.__init__(state["paths"], state["snapshot_dir"], **remote)  # type: ignore[misc]
         if self.version != state["snapshot"]:
             self._native.pin(state["snapshot"])  # this process only: the head stays
 
@@ -273,12 +264,7 @@ class Dataset:
         return self._native.datafusion_table()
 
     def sql(self, query: str) -> pl.DataFrame:
-        """Run SQL over table ``metadata`` (the active population); returns polars.
-
-        Opened with ``workers=[url, ...]`` (see :class:`datasetrt.Worker`),
-        the scans of ``metadata`` and the stages above them run on those
-        workers; payloads are still read here.
-        """
+        """Run SQL over table ``metadata`` (the active population); returns polars."""
         return pl.DataFrame(self._native.sql(query))
 
     def select(self, query: str, *, force: bool = False) -> int:

@@ -75,8 +75,7 @@ impl PyDataset {
 #[pymethods]
 impl PyDataset {
     #[new]
-    #[pyo3(signature = (paths, snapshot_dir=None, storage_options=None, cache_dir=None, cache_bytes=None, requests=None, workers=vec![]))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (paths, snapshot_dir=None, storage_options=None, cache_dir=None, cache_bytes=None, requests=None))]
     fn new(
         py: Python<'_>,
         paths: Vec<PathBuf>,
@@ -85,10 +84,7 @@ impl PyDataset {
         cache_dir: Option<PathBuf>,
         cache_bytes: Option<u64>,
         requests: Option<usize>,
-        workers: Vec<String>,
     ) -> PyResult<Self> {
-        // a bad worker URL is the caller's error now, not at the first query
-        datasetrt::query::distributed::check_workers(&workers).py()?;
         let remote = remote_options(storage_options, cache_dir, cache_bytes, requests);
         let inner = detach(py, move || {
             Dataset::open(
@@ -103,7 +99,7 @@ impl PyDataset {
         .py()?;
         let inner = Arc::new(inner);
         Ok(PyDataset {
-            live: Arc::new(LiveQuery::with_workers(inner.clone(), workers)),
+            live: Arc::new(LiveQuery::new(inner.clone())),
             inner,
             maps: Arc::default(),
         })

@@ -12,7 +12,6 @@ mod remote;
 mod runtime;
 mod scores;
 mod spec;
-mod worker;
 mod writer;
 
 use pyo3::prelude::*;
@@ -48,7 +47,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::PyCacheWriter>()?;
     m.add_class::<scores::PyScoreWriter>()?;
     m.add_class::<ffi::PyTableProvider>()?;
-    m.add_class::<worker::PyWorker>()?;
     m.add("RESERVED_COLUMNS", datasetrt::store::RESERVED_COLUMNS)?;
     m.add("PAYLOAD_COLUMNS", datasetrt::store::PAYLOAD_COLUMNS)?;
     m.add_function(wrap_pyfunction!(check_source_name, m)?)?;

@@ -18,8 +18,7 @@ pub fn runtime() -> PyResult<Arc<Runtime>> {
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(datasetrt::threads())
                 .thread_name("datasetrt")
-                // time for timers; I/O for distributed SQL's connections
-                .enable_all()
+                .enable_time()
                 .build()
         })
         .map_err(|e| {

@@ -38,11 +38,12 @@ demo: develop
 lint: $(STAMP)
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets --features datasetrt-engine/distributed -- -D warnings
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 rust-test:
-	cargo test --workspace
+	cargo test --workspace --features datasetrt-engine/distributed
 
 # Every optional dependency is installed here: a skip for a missing one fails.
 # Then damage, updates, snapshots, draws and resume again over snapshots cut

@@ -17,10 +17,6 @@ not of the payloads):
   ``/dev/shm/datasetrt-<uid>/verified``); then ``get_metadata`` in the same
   process (reads, and the first process checks, every column whole);
 - SQL group-by: ``SELECT label, count(*), sum(weight) ... GROUP BY label``;
-  then the same on two workers (``datasetrt worker`` processes on this host:
-  they open the snapshot themselves, scan and aggregate partially, and
-  shuffle to a final aggregate) against this process alone, alternating
-  (2 cores: no speed-up to expect; what it costs over one process);
 - alias build: the first weighted draw on a new weight column, then the
   first batch (256 draws): the alias tables they need are built, stored and
   mapped (one per partition a draw lands in); then the first batch after a
@@ -212,38 +208,6 @@ def measure(root: Path, ds: drt.Dataset, base: pl.DataFrame, rows: int, repeat: 
         times.append(time.perf_counter() - t0)
     res["groupby_s"] = statistics.median(times)
 
-    # the same group-by on two workers, each its own process on this host
-    # (`datasetrt worker`), against this process alone, alternating
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "datasetrt", "worker", "--port", "0"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    try:
-        urls = [w.stdout.readline().split()[-1] for w in workers]
-        there = drt.open(root, workers=urls)
-        want, got = ds.sql(q).sort("label"), there.sql(q).sort("label")
-        # sums of floats added in another order agree to rounding only
-        assert got.select("label", "n").equals(want.select("label", "n"))
-        assert ((got["w"] - want["w"]).abs() <= 1e-9 * want["w"].abs()).all()
-        here_t, there_t = [], []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            ds.sql(q)
-            here_t.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            there.sql(q)
-            there_t.append(time.perf_counter() - t0)
-        res["groupby_here_s"] = statistics.median(here_t)
-        res["groupby_two_workers_s"] = statistics.median(there_t)
-    finally:
-        for w in workers:
-            w.terminate()
-            w.wait(timeout=30)
-
     # alias tables of a fresh weight column: the first weighted draw makes
     # the table of the partition it lands in, the rest of a first batch the
     # tables of every partition its draws land in (together, on the
@@ -331,10 +295,9 @@ def main() -> None:
         "| get_metadata, first / later | SQL group-by "
         "| reweight all (written) | reweight 1 %, contiguous / scattered (written) "
         "| alias build: first draw / first batch (tables) / after a 1 % reweight (tables) "
-        "| group-by on 2 workers / here (ratio) "
         "| filter, pruned / every partition (ratio) "
         "| reader anon / file pages |\n"
-        "|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|"
     )
     for r in results["sizes"]:
         print(
@@ -350,8 +313,6 @@ def main() -> None:
             f"| {ms(r['alias_first_draw_s'])} / {ms(r['alias_build_s'])} "
             f"({r['alias_tables_built']}) / {ms(r['alias_after_reweight_1pct_s'])} "
             f"({r['alias_tables_after_reweight_1pct']}) "
-            f"| {ms(r['groupby_two_workers_s'])} / {ms(r['groupby_here_s'])} "
-            f"({r['groupby_two_workers_s'] / r['groupby_here_s']:.2f}x) "
             f"| {ms(r['filter_pruned_s'])} / {ms(r['filter_full_s'])} "
             f"({r['filter_pruned_s'] / r['filter_full_s']:.2f}x) "
             f"| {r['reader_anon_read_mib']:.0f} / "

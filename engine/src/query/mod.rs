@@ -2,6 +2,7 @@
 //! snapshot, served zero-copy from its mapped file; `PayloadTakeExec` turns
 //! identities into payload bytes.
 
+#[cfg(feature = "distributed")]
 pub mod distributed;
 pub mod exec;
 mod live;
@@ -29,6 +30,17 @@ use crate::Result;
 /// Rows per output batch. DataFusion's default (8,192) would cut results into
 /// many small chunks on their way to Python.
 pub const BATCH_SIZE: usize = 1 << 16;
+
+#[cfg(feature = "distributed")]
+use distributed::coordinate;
+
+/// Without the `distributed` feature there is nowhere else to run.
+#[cfg(not(feature = "distributed"))]
+fn coordinate(_state: SessionStateBuilder, _workers: &[String]) -> Result<SessionStateBuilder> {
+    Err(crate::Error::invalid(
+        "this build runs SQL in one process (the engine's `distributed` feature is off)",
+    ))
+}
 
 /// Refuse, before anything runs, every statement that could read or write a
 /// file or change a table behind the catalog's back: `COPY`, `CREATE
@@ -101,14 +113,15 @@ impl QuerySession {
             .with_batch_size(BATCH_SIZE)
             .with_target_partitions(partitions)
             .with_information_schema(true);
-        let mut state = SessionStateBuilder::new()
+        let state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
             .with_physical_optimizer_rule(Arc::new(exec::PayloadJoinRule))
             .with_physical_optimizer_rule(Arc::new(exec::YieldingJoins));
-        if !workers.is_empty() {
-            state = distributed::coordinate(state, workers)?;
-        }
+        let state = match workers.is_empty() {
+            true => state,
+            false => coordinate(state, workers)?,
+        };
         let state = state.build();
         let ctx = SessionContext::new_with_state(state);
         ctx.register_udf(udf::drt_uniform());

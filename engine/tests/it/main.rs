@@ -1,4 +1,5 @@
 mod catalog;
+#[cfg(feature = "distributed")]
 mod distributed;
 mod fuzz;
 mod layers;

@@ -1493,13 +1493,10 @@ impl Snapshot {
         if let Some(batches) = self.batches.get() {
             return Ok(batches);
         }
-        let batches = self
-            .partitions
-            .iter()
+        let every: Vec<usize> = (0..self.schema.fields().len()).collect();
+        let batches = (0..self.partitions.len())
             .map(|part| {
-                let arrays = (0..self.schema.fields().len())
-                    .map(|k| self.column(part, k)?.whole().cloned())
-                    .collect::<Result<Vec<_>>>()?;
+                let arrays = self.partition_columns(part, &every)?;
                 RecordBatch::try_new(self.schema.clone(), arrays)
                     .map_err(|e| Error::corrupt(&self.path, e.to_string()))
             })

@@ -38,6 +38,15 @@ pub struct Slice {
     pub len: usize,
 }
 
+impl Slice {
+    /// No rows: pads a task's list of slices.
+    pub const EMPTY: Slice = Slice {
+        part: 0,
+        start: 0,
+        len: 0,
+    };
+}
+
 /// The columns `columns` of `slices` of a snapshot, one plan partition per
 /// slice.
 #[derive(Debug)]
@@ -59,11 +68,7 @@ impl MetadataScanExec {
         mut slices: Vec<Slice>,
     ) -> DfResult<Self> {
         if slices.is_empty() {
-            slices.push(Slice {
-                part: 0,
-                start: 0,
-                len: 0,
-            });
+            slices.push(Slice::EMPTY);
         }
         if let Some(bad) = slices.iter().find(|s| {
             s.len > 0
@@ -142,14 +147,7 @@ impl MetadataScanExec {
             .map(|t| {
                 let mut mine: Vec<Slice> =
                     self.slices.iter().skip(t).step_by(tasks).copied().collect();
-                mine.resize(
-                    longest,
-                    Slice {
-                        part: 0,
-                        start: 0,
-                        len: 0,
-                    },
-                );
+                mine.resize(longest, Slice::EMPTY);
                 MetadataScanExec::new(self.snapshot.clone(), self.columns.clone(), mine)
             })
             .collect()
@@ -268,18 +266,13 @@ impl ExecutionPlan for MetadataScanExec {
                 timer.done();
                 return Ok(None);
             };
-            let rows = arrays.first().map_or(usize::MAX, |a| a.len());
+            // `count(*)` projects no column: the batch still has the rows
             let options = RecordBatchOptions::new().with_row_count(Some(slice.len));
-            let whole = match rows {
-                usize::MAX => RecordBatch::try_new_with_options(out, vec![], &options)?,
-                _ => {
-                    let arrays = arrays
-                        .iter()
-                        .map(|a| a.slice(slice.start, slice.len))
-                        .collect();
-                    RecordBatch::try_new_with_options(out, arrays, &options)?
-                }
-            };
+            let arrays = arrays
+                .iter()
+                .map(|a| a.slice(slice.start, slice.len))
+                .collect();
+            let whole = RecordBatch::try_new_with_options(out, arrays, &options)?;
             baseline.record_output(whole.num_rows());
             timer.done();
             Ok(Some(whole))

@@ -24,9 +24,12 @@ $(STAMP): Makefile pyproject.toml
 
 venv: $(STAMP)
 
-# The extension in the dev profile (what the tests run against).
+# The extension in the dev profile (what the tests run against), and its
+# companion with SQL on workers (python/distributed/: the same crate with the
+# feature `distributed`, a module of its own; see python/src/runtime.rs).
 develop: $(STAMP)
 	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --quiet
+	cd python/distributed && VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --quiet
 
 # The optimised extension (what benchmarks run against).
 release: $(STAMP)
@@ -38,12 +41,12 @@ demo: develop
 lint: $(STAMP)
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
-	cargo clippy --workspace --all-targets --features datasetrt-engine/distributed -- -D warnings
+	cargo clippy --workspace --all-targets --features datasetrt-python/distributed -- -D warnings
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 rust-test:
-	cargo test --workspace --features datasetrt-engine/distributed
+	cargo test --workspace --features datasetrt-python/distributed
 
 # Every optional dependency is installed here: a skip for a missing one fails.
 # Then damage, updates, snapshots, draws and resume again over snapshots cut

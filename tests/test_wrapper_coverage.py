@@ -12,7 +12,8 @@ reason.
 
 What counts as a native object (parsed, not imported):
 
-- ``_native.<Class>(...)``, and a local name assigned from it (``writer``);
+- ``_native.<Class>(...)``, and a local name assigned from it (``writer``)
+  or annotated as one (``engine: _native.Dataset = ...``);
 - ``self._native`` inside a wrapper class that assigns ``self._native``: the
   type of that assignment, a native class or the stub's return type of the
   native method called (``dataset._native.start(...)`` is a ``Loader``);
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import datasetrt
 from datasetrt import _native
+from datasetrt.worker import distributed_module
 
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "datasetrt"
 
@@ -85,7 +87,10 @@ INTERNAL: dict[tuple[str, str], str] = {
 
 
 def native_classes() -> dict[str, type]:
-    return {n: c for n, c in vars(_native).items() if isinstance(c, type)}
+    classes = {n: c for n, c in vars(_native).items() if isinstance(c, type)}
+    # the companion module (this extension built with SQL on workers) adds one
+    classes["Worker"] = distributed_module().Worker
+    return classes
 
 
 def native_members() -> set[tuple[str, str]]:
@@ -177,6 +182,15 @@ class Uses(ast.NodeVisitor):
                     native = self.native_type(sub.value)
                     if native is not None:
                         self.locals[target.id] = native
+            # `engine: _native.Dataset = ...`: the annotation says
+            elif (
+                isinstance(sub, ast.AnnAssign)
+                and isinstance(sub.target, ast.Name)
+                and isinstance(sub.annotation, ast.Attribute)
+                and isinstance(sub.annotation.value, ast.Name)
+                and sub.annotation.value.id in self.module_aliases
+            ):
+                self.locals[sub.target.id] = sub.annotation.attr
         self.generic_visit(node)
         self.locals = outer
 
@@ -270,6 +284,7 @@ def test_the_wrapper_classes_are_found():
         "Batch": "Batch",
         "Dataset": "Dataset",
         "Loader": "Loader",
+        "Worker": "Worker",
         "_Writer": "ScoreWriter",
     }
 

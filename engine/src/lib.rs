@@ -72,6 +72,14 @@ impl ProcessRuntime {
         *slot = Some((pid, rt.clone()));
         Ok(rt)
     }
+
+    /// Whether this process was forked from one that had started its
+    /// runtime (and has not made its own yet).
+    pub fn inherited(&self) -> bool {
+        let slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        slot.as_ref()
+            .is_some_and(|(owner, _)| *owner != std::process::id())
+    }
 }
 
 impl Default for ProcessRuntime {

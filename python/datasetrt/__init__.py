@@ -41,6 +41,7 @@ from .exceptions import (
     UnsupportedFormatError,
 )
 from .loader import Batch, Loader, Sample
+from .worker import Worker
 
 __all__ = [
     "ArrowError",
@@ -58,6 +59,7 @@ __all__ = [
     "Sample",
     "StorageError",
     "UnsupportedFormatError",
+    "Worker",
     "__version__",
     "build",
     "build_ray",
@@ -197,6 +199,7 @@ def open(
     storage_options: Mapping[str, str] | None = None,
     cache_dir: PathLike | None = None,
     cache_bytes: int | None = None,
+    workers: Sequence[str] = (),
 ) -> Dataset:
     """Open a dataset: a root holding caches, one cache directory, or a list of either.
 
@@ -214,6 +217,9 @@ def open(
     ``timeout``...); ``AWS_*`` environment variables are read too. The
     metadata snapshots of a remote dataset live in the replica directory
     unless ``snapshot_dir`` says otherwise.
+
+    ``workers`` (URLs of :class:`Worker` processes) runs the dataset's SQL
+    over ``metadata`` on them (see :mod:`datasetrt.worker`).
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
@@ -223,6 +229,7 @@ def open(
         storage_options=storage_options,
         cache_dir=cache_dir,
         cache_bytes=cache_bytes,
+        workers=workers,
     )
 
 

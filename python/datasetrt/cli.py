@@ -9,9 +9,11 @@
     datasetrt cleanup PATH --keep N [--apply]
     datasetrt export PATH --to FILE.parquet
     datasetrt verify PATH [--json] [--no-progress]
+    datasetrt worker [--host HOST] [--port N]
 
 ``PATH`` is what :func:`datasetrt.open` takes: a root holding caches or a
-cache directory. Exit codes: 0 ok, 1 an error while running (the message
+cache directory (``worker`` takes none: it serves distributed SQL, see
+:mod:`datasetrt.worker`). Exit codes: 0 ok, 1 an error while running (the message
 names what is wrong), 2 a usage error, 3 ``verify`` found damage. Also run
 as ``python -m datasetrt``.
 """
@@ -61,7 +63,8 @@ def _json(value: Any) -> str:
 
 
 def _open(args: argparse.Namespace) -> Dataset:
-    return open_dataset(args.path, snapshot_dir=args.snapshot_dir)
+    workers = getattr(args, "worker", None) or ()
+    return open_dataset(args.path, snapshot_dir=args.snapshot_dir, workers=workers)
 
 
 def info_of(ds: Dataset) -> dict[str, Any]:
@@ -124,6 +127,16 @@ def cmd_sql(args: argparse.Namespace) -> int:
                 print(f"({frame.height:,} rows; --format csv prints them all)")
         else:
             Path(args.output).write_text(text + "\n")
+    return OK
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from .worker import Worker
+
+    worker = Worker(args.host, args.port)
+    # the first line says where it serves (a script starting it reads it)
+    print(f"datasetrt worker serving on {worker.url}", flush=True)
+    worker.serve_forever()
     return OK
 
 
@@ -273,6 +286,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("query", help='e.g. "SELECT label, count(*) FROM metadata GROUP BY label"')
     p.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table")
     p.add_argument("--output", "-o", help="write to this file instead of stdout")
+    p.add_argument(
+        "--worker",
+        action="append",
+        metavar="URL",
+        help="run on this worker (repeat for each; see `datasetrt worker`)",
+    )
     p.set_defaults(run=cmd_sql)
 
     p = command("history", "every snapshot: version, time, rows, fingerprint, note, tags")
@@ -306,6 +325,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=cmd_verify)
+
+    help = "serve distributed SQL until stopped (Ctrl-C): `sql --worker URL` runs on it"
+    p = sub.add_parser("worker", help=help, description=help)
+    p.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)"
+    )
+    p.add_argument("--port", type=int, default=0, help="the port (default 0: any free one)")
+    p.set_defaults(run=cmd_worker)
     return top
 
 

@@ -62,8 +62,12 @@ class Dataset:
         storage_options: Mapping[str, str] | None = None,
         cache_dir: PathLike | None = None,
         cache_bytes: int | None = None,
+        workers: Sequence[str] = (),
     ):
+        from .worker import worker_urls
+
         self._paths = [os.fspath(p) for p in paths]
+        self._workers = worker_urls(workers)
         self._snapshot_dir = None if snapshot_dir is None else os.fspath(snapshot_dir)
         self._remote: dict[str, Any] = {
             "storage_options": _storage_options(storage_options),
@@ -79,6 +83,10 @@ class Dataset:
             self._remote["cache_dir"],
             self._remote["cache_bytes"],
         )
+        # with workers: the companion module's dataset that runs the SQL
+        self._coordinator: Any = None
+        if self._workers:
+            self._sql_engine()  # a bad URL or a missing module is an error now
         self._frame: tuple[int, pl.DataFrame] | None = None
 
     # -- pickling by recipe: paths, options, snapshot number -------------------
@@ -87,13 +95,16 @@ class Dataset:
             "paths": self._paths,
             "snapshot_dir": self._snapshot_dir,
             "remote": self._remote,
+            "workers": self._workers,
             "snapshot": self.version,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         remote = dict(state["remote"])
         remote["storage_options"] = dict(remote["storage_options"] or [])
-        self.__init__(state["paths"], state["snapshot_dir"], **remote)  # type: ignore[misc]
+        self.__init__(  # type: ignore[misc]
+            state["paths"], state["snapshot_dir"], workers=state.get("workers", ()), **remote
+        )
         if self.version != state["snapshot"]:
             self._native.pin(state["snapshot"])  # this process only: the head stays
 
@@ -263,9 +274,43 @@ class Dataset:
         """
         return self._native.datafusion_table()
 
+    def _sql_engine(self) -> _native.Dataset:
+        """The native dataset that runs this one's SQL: its own, or (opened
+        with ``workers``) the companion module's, on the same snapshot."""
+        if not self._workers:
+            return self._native
+        if self._coordinator is None:
+            from .worker import distributed_module
+
+            self._coordinator = distributed_module().Dataset(
+                self._paths,
+                self._snapshot_dir,
+                self._remote["storage_options"],
+                self._remote["cache_dir"],
+                self._remote["cache_bytes"],
+                None,
+                self._workers,
+            )
+        if self._coordinator.version != self.version:
+            self._coordinator.pin(self.version)
+        return self._coordinator
+
+    def _commit_sql(self, query: str, note: str | None, force: bool) -> int:
+        engine: _native.Dataset = self._sql_engine()
+        number = engine.select(query, note=note, force=bool(force))
+        if engine is not self._native:  # committed by the coordinator: follow it
+            self._native.pin(number)
+        return number
+
     def sql(self, query: str) -> pl.DataFrame:
-        """Run SQL over table ``metadata`` (the active population); returns polars."""
-        return pl.DataFrame(self._native.sql(query))
+        """Run SQL over table ``metadata`` (the active population); returns polars.
+
+        Opened with ``workers=[url, ...]`` (see :class:`datasetrt.Worker`),
+        the scans of ``metadata`` and the stages above them run on those
+        workers; payloads are still read here.
+        """
+        engine: _native.Dataset = self._sql_engine()
+        return pl.DataFrame(engine.sql(query))
 
     def select(self, query: str, *, force: bool = False) -> int:
         """Make the result of ``query`` the population; returns the snapshot number.
@@ -275,7 +320,7 @@ class Dataset:
         before :class:`ConflictError` is raised; ``force=True`` commits the
         first result whatever the head.
         """
-        return self._native.select(query, force=bool(force))
+        return self._commit_sql(query, None, force)
 
     def apply_sql(self, recipe: str | os.PathLike[str], **params: Any) -> int:
         """Run a SQL recipe (a name from ``sql/`` or a ``.sql`` path) with
@@ -287,7 +332,7 @@ class Dataset:
 
         label, text = recipes.load(recipe)
         query = recipes.render(text, params)
-        return self._native.select(query, note=f"apply_sql {label} {params}", force=False)
+        return self._commit_sql(query, f"apply_sql {label} {params}", False)
 
     def checkout(self, version: int | str) -> int:
         """Make an earlier snapshot (a number or a tag) the population again.

@@ -75,7 +75,8 @@ impl PyDataset {
 #[pymethods]
 impl PyDataset {
     #[new]
-    #[pyo3(signature = (paths, snapshot_dir=None, storage_options=None, cache_dir=None, cache_bytes=None, requests=None))]
+    #[pyo3(signature = (paths, snapshot_dir=None, storage_options=None, cache_dir=None, cache_bytes=None, requests=None, workers=vec![]))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         paths: Vec<PathBuf>,
@@ -84,7 +85,16 @@ impl PyDataset {
         cache_dir: Option<PathBuf>,
         cache_bytes: Option<u64>,
         requests: Option<usize>,
+        workers: Vec<String>,
     ) -> PyResult<Self> {
+        // a bad worker URL is the caller's error now, not at the first query
+        #[cfg(feature = "distributed")]
+        datasetrt::query::distributed::check_workers(&workers).py()?;
+        if !workers.is_empty() && !cfg!(feature = "distributed") {
+            return Err(crate::error::to_py(datasetrt::Error::invalid(
+                "datasetrt._native runs no SQL on workers: datasetrt_distributed does",
+            )));
+        }
         let remote = remote_options(storage_options, cache_dir, cache_bytes, requests);
         let inner = detach(py, move || {
             Dataset::open(
@@ -99,7 +109,7 @@ impl PyDataset {
         .py()?;
         let inner = Arc::new(inner);
         Ok(PyDataset {
-            live: Arc::new(LiveQuery::new(inner.clone())),
+            live: Arc::new(LiveQuery::with_workers(inner.clone(), workers)),
             inner,
             maps: Arc::default(),
         })

@@ -1,5 +1,11 @@
 //! `datasetrt._native`: thin PyO3 bindings over the engine. Conversion and
 //! GIL handling only; all logic lives in `datasetrt-engine`.
+//!
+//! Built with the feature `distributed` this crate is
+//! `datasetrt_distributed._native` (python/distributed/): the same classes,
+//! plus `Worker`, with SQL on workers. It is a module of its own so that
+//! the tokio of `datasetrt._native` stays without `parking_lot` (see
+//! runtime.rs).
 
 mod arrow_in;
 mod batch;
@@ -12,6 +18,8 @@ mod remote;
 mod runtime;
 mod scores;
 mod spec;
+#[cfg(feature = "distributed")]
+mod worker;
 mod writer;
 
 use pyo3::prelude::*;
@@ -47,6 +55,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::PyCacheWriter>()?;
     m.add_class::<scores::PyScoreWriter>()?;
     m.add_class::<ffi::PyTableProvider>()?;
+    #[cfg(feature = "distributed")]
+    m.add_class::<worker::PyWorker>()?;
     m.add("RESERVED_COLUMNS", datasetrt::store::RESERVED_COLUMNS)?;
     m.add("PAYLOAD_COLUMNS", datasetrt::store::PAYLOAD_COLUMNS)?;
     m.add_function(wrap_pyfunction!(check_source_name, m)?)?;

@@ -12,14 +12,32 @@ use tokio::runtime::Runtime;
 static RUNTIME: datasetrt::ProcessRuntime = datasetrt::ProcessRuntime::new();
 
 /// The runtime of this process (a new one after `fork()`).
+///
+/// Built as `datasetrt_distributed` (feature `distributed`), the runtime's
+/// tokio parks its threads with `parking_lot` (datafusion-distributed turns
+/// it on): a process forked from one whose runtime had started inherits
+/// `parking_lot`'s table of parked threads, pointing into stacks its own new
+/// threads reuse, and would crash. There the runtime is refused instead
+/// (`datasetrt._native`, which DataLoader workers use, has no `parking_lot`
+/// in tokio and is not touched by this).
 pub fn runtime() -> PyResult<Arc<Runtime>> {
+    if cfg!(feature = "distributed") && RUNTIME.inherited() {
+        return Err(crate::error::to_py(datasetrt::Error::invalid(
+            "distributed SQL cannot run in a process forked from one that ran it \
+             (its thread bookkeeping does not survive fork()): run it in the parent, \
+             or start this process with the \"spawn\" method",
+        )));
+    }
     RUNTIME
         .get(|| {
-            tokio::runtime::Builder::new_multi_thread()
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder
                 .worker_threads(datasetrt::threads())
                 .thread_name("datasetrt")
-                .enable_time()
-                .build()
+                .enable_time();
+            #[cfg(feature = "distributed")]
+            builder.enable_io(); // the workers' connections
+            builder.build()
         })
         .map_err(|e| {
             crate::error::to_py(datasetrt::Error::internal(format!(

@@ -49,19 +49,31 @@ pub fn coordinate(builder: SessionStateBuilder, workers: &[String]) -> Result<Se
             "a distributed session needs at least one worker URL",
         ));
     }
-    let urls = workers
-        .iter()
-        .map(|w| {
-            url::Url::parse(w)
-                .map_err(|e| Error::invalid(format!("worker URL {w:?} is not a URL: {e}")))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let urls = check_workers(workers)?;
     Ok(builder
         .with_distributed_worker_resolver(Workers(urls))
         .with_distributed_planner()
         .with_distributed_user_codec(RecipeCodec)
         .with_distributed_desired_task_count_handler(desired_tasks)
         .with_distributed_scale_up_leaf_node_handler(spread))
+}
+
+/// `workers` as URLs, or an [`Error::InvalidInput`] naming the one that is
+/// not an `http://host:port` URL.
+pub fn check_workers(workers: &[String]) -> Result<Vec<url::Url>> {
+    workers
+        .iter()
+        .map(|w| {
+            url::Url::parse(w)
+                .ok()
+                .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "worker URL {w:?} is not an http://host:port URL (what a worker's url is)"
+                    ))
+                })
+        })
+        .collect()
 }
 
 /// A worker: it plans nothing, and runs the tasks coordinators send it.
@@ -79,10 +91,20 @@ pub fn worker() -> Worker {
 /// Serve a worker on `listener` until the process ends (or the future is
 /// dropped).
 pub async fn serve(listener: tokio::net::TcpListener) -> Result<()> {
+    serve_until(listener, std::future::pending()).await
+}
+
+/// Serve a worker on `listener` until `stop` completes: then it takes no
+/// new connection, tells the coordinators connected to it to go away, and
+/// ends when the requests in flight have.
+pub async fn serve_until(
+    listener: tokio::net::TcpListener,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<()> {
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     tonic::transport::Server::builder()
         .add_service(worker().into_worker_server())
-        .serve_with_incoming(incoming)
+        .serve_with_incoming_shutdown(incoming, stop)
         .await
         .map_err(|e| Error::internal(format!("the worker's server stopped: {e}")))
 }

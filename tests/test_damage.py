@@ -63,8 +63,10 @@ KINDS = [
     "alias",
     "cache-MANIFEST",
     "index",
+    "index-chunks",
     "shard",
     "attributes",
+    "attributes-chunks",
 ]
 
 #: damage -> (kind of damage, offset as a fraction of the length or "rand", xor mask)
@@ -181,8 +183,12 @@ def build_template(root: Path) -> Template:
         "alias": next((snapdir / "columns").glob("*.alias")),
         "cache-MANIFEST": cache / "MANIFEST",
         "index": cache / "index.drti",
+        # a cache file's chunk table: damaged, the file is checked whole
+        "index-chunks": cache / "index.drti.chunks",
         "shard": cache / "shard-00001.drts",
+        # read when a dataset's first population is made (see READER)
         "attributes": cache / "attributes.arrow",
+        "attributes-chunks": cache / "attributes.arrow.chunks",
     }
     for kind, path in files.items():
         assert path.is_file(), f"{kind}: {path} is missing from the template"
@@ -262,6 +268,12 @@ def read(case):
     ops["loader replacement"] = outcome(epoch, ds, "replacement")
     ops["loader permutation"] = outcome(epoch, ds, "permutation")
     ops["tags"] = outcome(ds.tags)
+    # a new snapshot directory: the caches' attributes make its first population
+    ops["first population"] = outcome(
+        lambda: frame_digest(
+            drt.open(case["root"], snapshot_dir=case["root"] + ".fresh").get_metadata()
+        )
+    )
     ops["tagged population"] = outcome(lambda: frame_digest(ds.diff(case["tag"], ds.version)))
     return ops
 
@@ -445,7 +457,7 @@ def test_outcome_counts(outcomes):
     # the damage is seen: every file but the derived alias table and chunk
     # tables (each rebuilt or replaced by a whole check) is checked
     for kind in KINDS:
-        if kind not in ("alias", "tag", "column-chunks"):
+        if kind not in ("alias", "tag", "column-chunks", "index-chunks", "attributes-chunks"):
             assert by_kind[kind]["detected"] >= len(DAMAGES) // 2, (kind, by_kind[kind])
 
 

@@ -30,6 +30,14 @@ not of the payloads):
   batches through ``ds.loader``: anonymous memory it owns (its own heap) and
   the mapped file pages it touched (shared between readers by the OS).
 
+Then, for each ``--distinct`` size, a cache of that many *distinct* records
+(the sizes above repeat a small cache's samples; here the cache itself is
+large): open + first batch in a fresh process, the host's first and a later
+one, with the cache's chunk tables (its index entries and attributes checked
+by chunk when read, once per host) against the same cache without them (as
+a cache written before them is read: every process checks the index and the
+attributes whole when it opens the cache).
+
 Run by hand: ``python tests/bench/bench_scale.py --profile release --json out.json``.
 ``--profile`` labels the figures with the profile the extension was built in
 (``make release`` for benchmarks; the tests build the dev profile, which is
@@ -263,9 +271,54 @@ def measure(root: Path, ds: drt.Dataset, base: pl.DataFrame, rows: int, repeat: 
     return res
 
 
+class Distinct:
+    """``n`` distinct 16-byte records with one metadata key."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.name = f"distinct-{n}"
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield i.to_bytes(16, "little"), {"label": i % 10}
+
+
+def distinct_cache(tmp: Path, n: int, repeat: int) -> dict:
+    """Open + first batch over one cache of ``n`` distinct records, with and
+    without its chunk tables (the layout before them), alternating."""
+    root = tmp / f"distinct-{n}"
+    t = time.perf_counter()
+    drt.build(root, [Distinct(n)], progress=False)  # and its first population
+    res: dict = {"records": n, "build_s": time.perf_counter() - t}
+    tables = {p: p.read_bytes() for p in (root / f"distinct-{n}").glob("*.chunks")}
+    assert len(tables) == 2, tables
+    runs: dict[str, list] = {"chunked": [], "whole": []}
+    for _ in range(repeat):
+        for layout in ("whole", "chunked"):
+            for p, b in tables.items():
+                if layout == "chunked":
+                    p.write_bytes(b)
+                else:
+                    p.unlink(missing_ok=True)
+            shutil.rmtree(VERIFIED, ignore_errors=True)
+            first = reader(root)  # the host's first process
+            later = reader(root)
+            runs[layout].append((first, later))
+    for layout, pairs in runs.items():
+        res[f"{layout}_first_s"] = statistics.median(f["first_batch_s"] for f, _ in pairs)
+        res[f"{layout}_later_s"] = statistics.median(x["first_batch_s"] for _, x in pairs)
+        res[f"{layout}_anon_mib"] = statistics.median(x["anon_open_mib"] for _, x in pairs)
+    shutil.rmtree(root)
+    return res
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    p.add_argument("--rows", type=int, nargs="*", default=[1_000_000, 10_000_000])
+    p.add_argument("--distinct", type=int, nargs="*", default=[1_000_000, 10_000_000])
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--profile", required=True, help="the extension's build profile (dev/release)")
     p.add_argument("--json", type=Path)
@@ -277,6 +330,7 @@ def main() -> None:
         "python": sys.version.split()[0],
         "cpus": os.cpu_count(),
         "sizes": [],
+        "distinct": [],
     }
     with tempfile.TemporaryDirectory(prefix="drt-scale-", dir=args.dir) as tmp:
         root = Path(tmp)
@@ -289,6 +343,11 @@ def main() -> None:
             print(json.dumps(res))
             sys.stdout.flush()
             ds.cleanup(keep=1)
+        for n in args.distinct:
+            res = distinct_cache(root, n, args.repeat)
+            results["distinct"].append(res)
+            print(json.dumps(res))
+            sys.stdout.flush()
     ms = lambda s: f"{s * 1e3:.0f} ms"  # noqa: E731
     print(
         "\n| rows | open + first batch, the host's first process / a later one "
@@ -317,6 +376,19 @@ def main() -> None:
             f"({r['filter_pruned_s'] / r['filter_full_s']:.2f}x) "
             f"| {r['reader_anon_read_mib']:.0f} / "
             f"{r['reader_file_pages_mib']:.0f} MiB |"
+        )
+    print(
+        "\n| distinct records in one cache | open + first batch, the host's first process: "
+        "whole → by chunk | a later process: whole → by chunk | reader heap after open |\n"
+        "|---|---|---|---|"
+    )
+    for r in results["distinct"]:
+        print(
+            f"| {r['records']:.0e} | {ms(r['whole_first_s'])} → {ms(r['chunked_first_s'])} "
+            f"({r['chunked_first_s'] / r['whole_first_s']:.2f}x) "
+            f"| {ms(r['whole_later_s'])} → {ms(r['chunked_later_s'])} "
+            f"({r['chunked_later_s'] / r['whole_later_s']:.2f}x) "
+            f"| {r['whole_anon_mib']:.1f} → {r['chunked_anon_mib']:.1f} MiB |"
         )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

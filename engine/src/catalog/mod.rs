@@ -598,7 +598,7 @@ impl Dataset {
     }
 
     /// Check everything this dataset stores: every record of every cache
-    /// (reopened from disk, so its manifest, index and attributes are checked
+    /// (reopened from disk, its manifest, index and attributes checked whole
     /// again), the head, the tags, and every snapshot manifest with every
     /// column file it names (checksums recomputed, whatever this process
     /// verified before). Returns every problem found, not just the first;
@@ -625,6 +625,10 @@ impl Dataset {
                 },
             };
             let reopened = reopened.as_ref().unwrap_or(cache);
+            // its index and attributes whole, whatever was checked before
+            if let Err(e) = reopened.check_files() {
+                problems.push(e);
+            }
             let mut buf = Vec::new();
             for sample in 0..reopened.records() {
                 buf.clear();
@@ -672,7 +676,7 @@ impl Dataset {
 fn initial_population(caches: &[Arc<Cache>]) -> Result<RecordBatch> {
     let mut columns: Vec<(Field, String)> = Vec::new();
     for cache in caches {
-        for field in cache.attributes().schema().fields().iter().skip(1) {
+        for field in cache.attributes()?.schema().fields().iter().skip(1) {
             match columns.iter().find(|(f, _)| f.name() == field.name()) {
                 Some((seen, owner)) if seen.data_type() != field.data_type() => {
                     return Err(Error::invalid(format!(
@@ -701,7 +705,7 @@ fn initial_population(caches: &[Arc<Cache>]) -> Result<RecordBatch> {
 
     let mut parts = Vec::with_capacity(caches.len());
     for cache in caches {
-        let attrs = cache.attributes();
+        let attrs = cache.attributes()?;
         let n = attrs.num_rows();
         let mut arrays: Vec<ArrayRef> = vec![
             Arc::new(Int64Array::from(vec![cache.id(); n])),

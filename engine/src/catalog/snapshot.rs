@@ -253,16 +253,11 @@ struct Column {
     array: OnceLock<ArrayRef>,
 }
 
-/// Threads that check a column file's chunks when it is read whole.
-fn check_threads() -> usize {
-    crate::threads().min(4)
-}
-
 impl Column {
     /// The array, its every chunk checked.
     fn whole(&self) -> Result<&ArrayRef> {
         if let Some(chunks) = &self.chunks {
-            chunks.check_all(check_threads())?;
+            chunks.check_all(chunks::check_threads())?;
         }
         self.decode()
     }
@@ -288,7 +283,7 @@ impl Column {
             chunks.check(at + row * 8..at + row * 8 + 8)
         } else {
             // the decoder copied the values out of the mapping: check it all
-            chunks.check_all(check_threads())
+            chunks.check_all(chunks::check_threads())
         }
     }
 }

@@ -40,6 +40,11 @@ const MAGIC: [u8; 8] = *b"DRTCHUNK";
 const VERSION: u32 = 1;
 const SIDECAR_HEADER: usize = 32;
 
+/// Threads that check a file's chunks when it is read whole.
+pub fn check_threads() -> usize {
+    crate::threads().min(4)
+}
+
 /// Chunks of a file of `len` bytes.
 pub fn chunk_count(len: u64) -> usize {
     len.div_ceil(CHUNK as u64) as usize

@@ -101,6 +101,16 @@ pub fn encode_index_header(count: u64, entries_crc: u32) -> [u8; INDEX_HEADER_LE
 
 /// Check an index file mapped as `bytes`; returns the record count.
 pub fn check_index(path: &Path, bytes: &[u8]) -> Result<u64> {
+    let (count, entries_crc) = check_index_header(path, bytes)?;
+    if crc32c(&bytes[INDEX_HEADER_LEN..]) != entries_crc {
+        return Err(Error::corrupt(path, "index entries checksum mismatch"));
+    }
+    Ok(count)
+}
+
+/// Check an index file's header and length, not its entries: returns the
+/// record count and the CRC-32C its entries must have.
+pub fn check_index_header(path: &Path, bytes: &[u8]) -> Result<(u64, u32)> {
     if bytes.len() < INDEX_HEADER_LEN {
         return Err(Error::corrupt(
             path,
@@ -134,10 +144,7 @@ pub fn check_index(path: &Path, bytes: &[u8]) -> Result<u64> {
         ));
     }
     let entries_crc = u32::from_le_bytes(h[24..28].try_into().expect("4 bytes"));
-    if crc32c(&bytes[INDEX_HEADER_LEN..]) != entries_crc {
-        return Err(Error::corrupt(path, "index entries checksum mismatch"));
-    }
-    Ok(count)
+    Ok((count, entries_crc))
 }
 
 /// The 16-byte shard header: magic `DRTSHARD`, format version, shard number.

@@ -1,20 +1,28 @@
 //! An opened, published cache: manifest checked, index and shards mapped.
+//!
+//! Opening costs O(shards), not O(records): the index's entries are checked
+//! a chunk at a time when a read first lands in them, and the attributes
+//! (read only to make a dataset's first population) when first used, each
+//! chunk once per host (`index.drti.chunks`, `attributes.arrow.chunks`: the
+//! chunk tables a writer leaves beside the files, see [`super::chunks`]). A
+//! cache without them, or whose tables do not match its manifest, is
+//! checked whole as before.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use arrow::array::RecordBatch;
 use arrow::buffer::Buffer;
 use arrow::compute::concat_batches;
-use memmap2::Mmap;
 
 use super::checksum::crc32c;
+use super::chunks::{self, ChunkCheck, ChunkTable};
 use super::codec::decode_into;
 use super::format::{
-    check_index, check_shard_header, shard_file_name, IndexEntry, ATTRIBUTES_FILE, INDEX_ENTRY_LEN,
-    INDEX_FILE, INDEX_HEADER_LEN, MANIFEST_FILE,
+    check_index_header, check_shard_header, shard_file_name, IndexEntry, ATTRIBUTES_FILE,
+    INDEX_ENTRY_LEN, INDEX_FILE, INDEX_HEADER_LEN, MANIFEST_FILE,
 };
-use super::fs::{map_buffer, map_file};
+use super::fs::map_buffer;
 use super::ipc;
 use super::manifest::Manifest;
 use super::remote::{block_on, Remote, Replica};
@@ -26,9 +34,13 @@ pub struct Cache {
     dir: PathBuf,
     manifest: Manifest,
     index_path: PathBuf,
-    index: Mmap,
+    index: Buffer,
+    /// The check of the index's entries by chunk; `None`: checked whole
+    /// when opened (no chunk table).
+    index_chunks: Option<ChunkCheck>,
     shards: Vec<(PathBuf, Buffer)>,
-    attributes: RecordBatch,
+    /// Decoded and checked on first use.
+    attributes: OnceLock<RecordBatch>,
     /// Set for a cache in an object store: `dir` is its local replica, whose
     /// shards are sparse, and records are read through the replica.
     replica: Option<Arc<Replica>>,
@@ -50,8 +62,9 @@ impl Cache {
     }
 
     /// Open and check a published cache: manifest checksum and version, index
-    /// header, length and checksum, every shard's length and header, and the
-    /// attributes file's checksum. Record bytes are checked on each read.
+    /// header and length, every shard's length and header. The index's
+    /// entries and the attributes are checked when first read (whole, here,
+    /// for a cache without chunk tables); record bytes on each read.
     pub fn open(dir: &Path) -> Result<Cache> {
         Self::open_checked(dir)
     }
@@ -104,8 +117,8 @@ impl Cache {
         let manifest = Manifest::decode(&manifest_path, &text)?;
 
         let index_path = dir.join(INDEX_FILE);
-        let index = map_file(&index_path, "cache index")?;
-        let count = check_index(&index_path, &index)?;
+        let index = map_buffer(&index_path, "cache index")?;
+        let (count, entries_crc) = check_index_header(&index_path, &index)?;
         if count != manifest.records {
             return Err(Error::corrupt(
                 &index_path,
@@ -115,13 +128,27 @@ impl Cache {
                 ),
             ));
         }
-        let index_crc = u32::from_le_bytes(index[24..28].try_into().expect("4 bytes"));
-        if index_crc != manifest.index_crc32c {
+        if entries_crc != manifest.index_crc32c {
             return Err(Error::corrupt(
                 &index_path,
                 "index checksum differs from the manifest's",
             ));
         }
+        let entries = index.slice(INDEX_HEADER_LEN);
+        let index_chunks =
+            match ChunkTable::read_sidecar(&index_path, entries.len() as u64, entries_crc) {
+                Some(table) => Some(ChunkCheck::new(
+                    &index_path,
+                    entries,
+                    INDEX_HEADER_LEN as u64,
+                    table.crcs,
+                    chunks::host_key(&index_path),
+                )?),
+                None => {
+                    check_entries(&index_path, &entries, entries_crc)?;
+                    None
+                }
+            };
 
         let mut shards = Vec::with_capacity(manifest.shard_bytes.len());
         for (i, &expected) in manifest.shard_bytes.iter().enumerate() {
@@ -140,53 +167,91 @@ impl Cache {
             shards.push((path, map));
         }
 
-        let attributes_path = dir.join(ATTRIBUTES_FILE);
-        {
-            let raw = map_file(&attributes_path, "cache attributes")?;
-            if raw.len() as u64 != manifest.attributes_bytes {
-                return Err(Error::corrupt(
-                    &attributes_path,
-                    format!(
-                        "{} bytes, manifest says {}",
-                        raw.len(),
-                        manifest.attributes_bytes
-                    ),
-                ));
-            }
-            if crc32c(&raw) != manifest.attributes_crc32c {
-                return Err(Error::corrupt(
-                    &attributes_path,
-                    "attributes checksum mismatch",
-                ));
-            }
+        let cache = Cache {
+            dir: dir.to_path_buf(),
+            manifest,
+            index_path,
+            index,
+            index_chunks,
+            shards,
+            attributes: OnceLock::new(),
+            replica: None,
+        };
+        if !cache.attributes_have_chunks() {
+            cache.attributes()?; // checked whole now, as before chunk tables
         }
-        let (schema, batches) = ipc::read_mapped_verified(&attributes_path, "cache attributes")?;
+        Ok(cache)
+    }
+
+    /// The attributes file and whether its chunk table matches the manifest.
+    fn attributes_have_chunks(&self) -> bool {
+        let path = self.dir.join(ATTRIBUTES_FILE);
+        ChunkTable::read_sidecar(
+            &path,
+            self.manifest.attributes_bytes,
+            self.manifest.attributes_crc32c,
+        )
+        .is_some()
+    }
+
+    /// Check the attributes file (by chunk, each once per host, when it has
+    /// a chunk table; else whole) and decode it.
+    fn load_attributes(&self) -> Result<RecordBatch> {
+        let path = self.dir.join(ATTRIBUTES_FILE);
+        let (len, crc) = (
+            self.manifest.attributes_bytes,
+            self.manifest.attributes_crc32c,
+        );
+        let raw = map_buffer(&path, "cache attributes")?;
+        if raw.len() as u64 != len {
+            return Err(Error::corrupt(
+                &path,
+                format!("{} bytes, manifest says {len}", raw.len()),
+            ));
+        }
+        match ChunkTable::read_sidecar(&path, len, crc) {
+            Some(table) => {
+                let check =
+                    ChunkCheck::new(&path, raw.clone(), 0, table.crcs, chunks::host_key(&path))?;
+                check.check_all(chunks::check_threads())?;
+            }
+            None if crc32c(&raw) != crc => {
+                return Err(Error::corrupt(&path, "attributes checksum mismatch"));
+            }
+            None => {}
+        }
+        let (schema, batches) = ipc::decode_verified(&path, raw)?;
         let attributes = if batches.len() == 1 {
             batches.into_iter().next().expect("one batch")
         } else {
             concat_batches(&schema, &batches)?
         };
-        if attributes.num_rows() as u64 != manifest.records
+        if attributes.num_rows() as u64 != self.manifest.records
             || schema.fields().first().map(|f| f.name().as_str()) != Some("sample_id")
         {
             return Err(Error::corrupt(
-                &attributes_path,
+                &path,
                 format!(
                     "expected {} rows led by a sample_id column, found {} rows",
-                    manifest.records,
+                    self.manifest.records,
                     attributes.num_rows()
                 ),
             ));
         }
-        Ok(Cache {
-            dir: dir.to_path_buf(),
-            manifest,
-            index_path,
-            index,
-            shards,
-            attributes,
-            replica: None,
-        })
+        Ok(attributes)
+    }
+
+    /// Check the index and attributes whole, from the files, whatever this
+    /// process or the host checked before (what `verify` does).
+    pub fn check_files(&self) -> Result<()> {
+        let entries = self.index.slice(INDEX_HEADER_LEN);
+        check_entries(&self.index_path, &entries, self.manifest.index_crc32c)?;
+        let path = self.dir.join(ATTRIBUTES_FILE);
+        let (found, read) = super::checksum::crc32c_file(&path).map_err(Error::io(&path))?;
+        if found != self.manifest.attributes_crc32c || read != self.manifest.attributes_bytes {
+            return Err(Error::corrupt(&path, "attributes checksum mismatch"));
+        }
+        self.attributes().map(|_| ())
     }
 
     pub fn id(&self) -> i64 {
@@ -209,9 +274,14 @@ impl Cache {
         &self.manifest
     }
 
-    /// Stored attributes: `sample_id` then the source's metadata columns.
-    pub fn attributes(&self) -> &RecordBatch {
-        &self.attributes
+    /// Stored attributes: `sample_id` then the source's metadata columns
+    /// (checked and decoded on first use).
+    pub fn attributes(&self) -> Result<&RecordBatch> {
+        if let Some(a) = self.attributes.get() {
+            return Ok(a);
+        }
+        let loaded = self.load_attributes()?;
+        Ok(self.attributes.get_or_init(|| loaded))
     }
 
     /// The index entry of one record, read in place from the mapped index.
@@ -224,6 +294,10 @@ impl Cache {
             .at_column("sample_id", Some(sample_id.to_string())));
         }
         let at = INDEX_HEADER_LEN + sample_id as usize * INDEX_ENTRY_LEN;
+        if let Some(chunks) = &self.index_chunks {
+            let entry = at - INDEX_HEADER_LEN;
+            chunks.check(entry..entry + INDEX_ENTRY_LEN)?;
+        }
         IndexEntry::decode(&self.index[at..at + INDEX_ENTRY_LEN]).map_err(|detail| {
             Error::corrupt(
                 &self.index_path,
@@ -406,4 +480,12 @@ impl Cache {
             )
         })
     }
+}
+
+/// Check an index's `entries` whole against `crc`.
+fn check_entries(path: &Path, entries: &[u8], crc: u32) -> Result<()> {
+    if crc32c(entries) != crc {
+        return Err(Error::corrupt(path, "index entries checksum mismatch"));
+    }
+    Ok(())
 }

@@ -14,6 +14,7 @@ use arrow::array::{ArrayRef, Int64Array, RecordBatch, RecordBatchOptions};
 use arrow::datatypes::{DataType, Field, Schema};
 
 use super::checksum::crc32c;
+use super::chunks::{self, ChunkTable};
 use super::codec::{Codec, Compressor};
 use super::format::{
     encode_index_header, encode_shard_header, shard_file_name, IndexEntry, ATTRIBUTES_FILE,
@@ -240,7 +241,17 @@ impl CacheWriter {
         let index_crc32c = crc32c(&body);
         let mut index = encode_index_header(out.entries.len() as u64, index_crc32c).to_vec();
         index.extend_from_slice(&body);
-        write_atomic(&staging.join(INDEX_FILE), &index)?;
+        let index_path = staging.join(INDEX_FILE);
+        write_atomic(&index_path, &index)?;
+        // chunk tables: a reader checks the chunks it reads, once per host,
+        // instead of every file whole at every open (see reader.rs)
+        let entries = ChunkTable {
+            file_len: body.len() as u64,
+            file_crc: index_crc32c,
+            crcs: chunks::chunk_crcs(&body),
+        };
+        entries.write_sidecar(&index_path)?;
+        chunks::record_checked(&index_path, entries.crcs.len());
 
         // attributes, with sample_id first
         let n = self.records as usize;
@@ -258,6 +269,14 @@ impl CacheWriter {
         let attributes_path = staging.join(ATTRIBUTES_FILE);
         let attributes = ipc::write_temp(&attributes_path, &schema, &[batch])?;
         fs::rename(&attributes.path, &attributes_path).map_err(Error::io(&attributes_path))?;
+        let table = ChunkTable::of_file(&attributes_path).map_err(Error::io(&attributes_path))?;
+        if (table.file_len, table.file_crc) != (attributes.len, attributes.crc) {
+            return Err(Error::io(&attributes_path)(std::io::Error::other(
+                "the attributes file reads back other than it was written",
+            )));
+        }
+        table.write_sidecar(&attributes_path)?;
+        chunks::record_checked(&attributes_path, table.crcs.len());
 
         let manifest = Manifest {
             name: name.clone(),

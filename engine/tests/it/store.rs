@@ -73,8 +73,11 @@ fn every_codec_round_trips_across_many_shards() {
                 "{codec:?} record {i}"
             );
         }
-        assert_eq!(cache.attributes().num_rows(), 500);
-        assert_eq!(cache.attributes().schema().field(0).name(), "sample_id");
+        assert_eq!(cache.attributes().unwrap().num_rows(), 500);
+        assert_eq!(
+            cache.attributes().unwrap().schema().field(0).name(),
+            "sample_id"
+        );
     }
 }
 
@@ -132,4 +135,84 @@ fn out_of_range_samples_are_invalid_input() {
         read(&cache, 4).unwrap_err(),
         Error::InvalidInput { .. }
     ));
+}
+
+/// Opening a cache checks its index's header, not its entries: a damaged
+/// entry fails the reads that land in its chunk (naming the index and the
+/// chunk), and every other record reads as written. A cache without the
+/// chunk table (written before there were any) is checked whole when it
+/// opens, as before.
+#[test]
+fn a_damaged_index_chunk_fails_only_the_reads_that_land_in_it() {
+    use datasetrt::store::chunks::CHUNK;
+    use datasetrt::store::format::{INDEX_ENTRY_LEN, INDEX_HEADER_LEN};
+    let dir = tempfile::tempdir().unwrap();
+    let per_chunk = CHUNK / INDEX_ENTRY_LEN;
+    let n = 3 * per_chunk;
+    drop(write_cache(dir.path(), "big", n, WriterOptions::default()));
+    let cache_dir = dir.path().join("big");
+    let index = cache_dir.join("index.drti");
+    let mut bytes = std::fs::read(&index).unwrap();
+    let damaged = per_chunk + 5; // in the second chunk of entries
+    bytes[INDEX_HEADER_LEN + damaged * INDEX_ENTRY_LEN + 3] ^= 0x10;
+    std::fs::write(&index, &bytes).unwrap();
+
+    let cache = Cache::open(&cache_dir).unwrap();
+    for s in [0, per_chunk - 1, 2 * per_chunk, n - 1] {
+        assert_eq!(read(&cache, s as u64).unwrap(), payload(s), "sample {s}");
+    }
+    for s in [per_chunk, damaged, 2 * per_chunk - 1] {
+        let err = read(&cache, s as u64).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, Error::Corrupt { .. }), "{msg}");
+        assert!(
+            msg.contains("index.drti") && msg.contains("chunk 1"),
+            "{msg}"
+        );
+    }
+    assert!(cache.check_files().is_err());
+    drop(cache);
+
+    std::fs::remove_file(cache_dir.join("index.drti.chunks")).unwrap();
+    let err = Cache::open(&cache_dir).unwrap_err();
+    assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains("index.drti"), "{err}");
+}
+
+/// The attributes are read when a dataset's first population is made, not
+/// when a cache opens: damaged, they fail what reads them (naming the file),
+/// and records still read. Without their chunk table they are checked whole
+/// at open, as before.
+#[test]
+fn damaged_attributes_fail_what_reads_them_not_the_open() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(write_cache(
+        dir.path(),
+        "attrs",
+        50,
+        WriterOptions::default(),
+    ));
+    let cache_dir = dir.path().join("attrs");
+    let file = cache_dir.join("attributes.arrow");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(&file, &bytes).unwrap();
+
+    let cache = Cache::open(&cache_dir).unwrap();
+    assert_eq!(read(&cache, 7).unwrap(), payload(7));
+    let err = cache.attributes().unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Corrupt { .. }), "{msg}");
+    assert!(
+        msg.contains("attributes.arrow") && msg.contains("chunk 0"),
+        "{msg}"
+    );
+    assert!(cache.check_files().is_err());
+    drop(cache);
+
+    std::fs::remove_file(cache_dir.join("attributes.arrow.chunks")).unwrap();
+    let err = Cache::open(&cache_dir).unwrap_err();
+    assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains("attributes.arrow"), "{err}");
 }

@@ -352,13 +352,20 @@ def test_a_flipped_payload_byte_is_never_delivered(tmp_path):
 
 
 def test_corrupted_index(tmp_path):
-    _, cache, _ = _one_cache(tmp_path)
+    """The index's entries are checked a chunk at a time when a read first
+    lands there (once per host), not at open: the damaged entry's chunk
+    fails the reads that use it, naming the file and the chunk."""
+    ds, cache, _ = _one_cache(tmp_path)
+    cache_id = ds.caches[0]["cache_id"]
     index = cache / "index.drti"
     raw = bytearray(index.read_bytes())
     raw[32 + 32 * 3] ^= 0xFF
     index.write_bytes(bytes(raw))
-    with pytest.raises(CorruptCacheError, match=r"index.drti.*checksum"):
-        drt.open(tmp_path)
+    again = drt.open(tmp_path)
+    with pytest.raises(CorruptCacheError, match=r"chunk 0 .*checksum") as caught:
+        again.get_item(cache_id, 3)
+    assert caught.value.path.name == "index.drti"
+    assert any("index.drti" in p for p in again.verify()["path"].to_list())
 
 
 def test_corrupted_manifest(tmp_path):
@@ -370,13 +377,18 @@ def test_corrupted_manifest(tmp_path):
 
 
 def test_corrupted_attributes(tmp_path):
+    """The attributes are read to make a dataset's first population: damaged,
+    that fails naming the file; a dataset that has its population opens."""
     _, cache, _ = _one_cache(tmp_path)
     attrs = cache / "attributes.arrow"
     raw = bytearray(attrs.read_bytes())
     raw[len(raw) // 2] ^= 0x10
     attrs.write_bytes(bytes(raw))
+    ds = drt.open(tmp_path)
+    assert len(ds) == 40
     with pytest.raises(CorruptCacheError, match=r"attributes\.arrow"):
-        drt.open(tmp_path)
+        drt.open(tmp_path, snapshot_dir=tmp_path / "fresh")
+    assert any("attributes.arrow" in p for p in ds.verify()["path"].to_list())
 
 
 def test_unsupported_format_version(tmp_path):

@@ -96,6 +96,7 @@ $(S3S_FS):
 
 bench: release $(S3S_FS)
 	$(PY) tests/bench/bench_seed.py
+	$(PY) tests/bench/bench_build.py
 	$(PY) tests/bench/bench_loader.py
 	$(PY) tests/bench/bench_sampling.py
 	$(PY) tests/bench/bench_sql.py

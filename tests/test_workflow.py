@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
@@ -267,3 +268,68 @@ def test_history_names_each_snapshot_and_fingerprints_identify_populations(two_c
     assert ds.fingerprint == first and len(ds) == 800
     ds.update_metadata(ds.get_metadata())
     assert ds.version == 3 and ds.fingerprint == first
+
+
+class Squares:
+    """A source that pickles (build processes need that): sample i is i*i,
+    written with the id of the process that wrote it; ``fail_at`` raises
+    there; ``meet`` (a barrier) is waited on before the first sample, so two
+    sources can only both finish when they run at the same time."""
+
+    def __init__(self, name: str, n: int, fail_at: int | None = None, meet=None):
+        self.name, self.n, self.fail_at, self.meet = name, n, fail_at, meet
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        if self.meet is not None:
+            self.meet.wait(timeout=120)
+        for i in range(self.n):
+            if i == self.fail_at:
+                raise ValueError(f"{self.name}: sample {i} cannot be made")
+            yield drt.CacheInput(pickle.dumps(i * i), {"label": i % 3, "pid": os.getpid()})
+
+
+def test_build_in_processes_writes_what_one_process_writes(tmp_path):
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Manager() as manager:
+        meet = manager.Barrier(2)  # two sources at a time, or a BrokenBarrierError
+        sources = [Squares(f"sq-{k}-v1", 40 + k, meet=meet) for k in range(4)]
+        many = drt.build(tmp_path / "many", sources, processes=2, progress=False)
+    one = drt.build(tmp_path / "one", [Squares(s.name, s.n) for s in sources], progress=False)
+
+    def rows(ds):
+        names = {c["cache_id"]: c["name"] for c in ds.caches}
+        frame = ds.get_metadata().with_columns(
+            name=pl.col("cache_id").replace_strict(names, return_dtype=pl.String)
+        )
+        return frame.select("name", "sample_id", "label").sort("name", "sample_id")
+
+    assert rows(many).equals(rows(one))
+    assert {pickle.loads(s.data) for s in many.iter(seed=1)} <= {i * i for i in range(43)}
+    for c in many.caches:
+        item = many.get_item(c["cache_id"], 5)
+        assert pickle.loads(item.data) == 25
+    # written by other processes than this one
+    assert os.getpid() not in set(many.get_metadata()["pid"].to_list())
+
+
+def test_a_failed_source_in_a_build_process_is_raised_here_and_build_again_writes_the_rest(
+    tmp_path,
+):
+    good, bad = Squares("good-v1", 20), Squares("bad-v1", 20, fail_at=7)
+    with pytest.raises(ValueError, match="bad-v1: sample 7"):
+        drt.build(tmp_path, [good, bad], processes=2, progress=False)
+    assert not (tmp_path / "bad-v1").exists()  # nothing half written is published
+    ds = drt.build(tmp_path, [good, Squares("bad-v1", 20)], processes=2, progress=False)
+    assert len(ds) == 40
+
+
+def test_build_processes_need_sources_that_pickle(tmp_path):
+    with pytest.raises(drt.InvalidInputError, match="cannot be sent to a build process"):
+        drt.build(tmp_path, [Source("lambdas-v1", 3)], processes=2, progress=False)
+    with pytest.raises(drt.InvalidInputError, match="processes"):
+        drt.build(tmp_path, [Squares("sq-v1", 3)], processes=0, progress=False)
+    assert not any(tmp_path.iterdir())

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from . import _native, exceptions
-from ._build import CacheInput, check_names, write_source
+from ._build import CacheInput, build_sources, check_names
 from ._native import __version__
+from ._state import check_int
 from .dataset import Dataset, PathLike, _storage_options
 from .exceptions import (
     ArrowError,
@@ -90,6 +91,7 @@ def build(
     storage_options: Mapping[str, str] | None = None,
     cache_dir: PathLike | None = None,
     cache_bytes: int | None = None,
+    processes: int = 1,
 ) -> Dataset:
     """Cache each source under ``root/<source.name>`` and open them as one dataset.
 
@@ -109,11 +111,20 @@ def build(
     bucket is reused. Only caches this call wrote, or complete ones an
     interrupted call left staged, are uploaded: every record is checked
     against its index first, and a replica is never taken for a source.
+
+    ``processes`` > 1 writes the sources in that many processes at once
+    (started with ``spawn``, so each source must pickle: define its class
+    in a module, not in ``__main__`` of a notebook), each publishing its
+    cache when it is done, the native threads (``threads``, by default the
+    cores) shared between them. A source that fails raises its error here;
+    the caches already published stay, so calling ``build`` again writes
+    only the rest.
     """
     sources = list(sources)
     if not sources:
         raise InvalidInputError("build() needs at least one source")
     names = check_names(sources)
+    processes = check_int(processes, "processes", 1, 1024)
     url = os.fspath(root) if _is_url(root) else None
     options = _storage_options(storage_options)
     if url is None:
@@ -122,22 +133,17 @@ def build(
         staging_dir = None if cache_dir is None else os.fspath(cache_dir)
         local = Path(_native.staging_root(url, staging_dir))
         published = set(_native.remote_caches(url, options))
-    for name, source in zip(names, sources, strict=True):
-        if name in published:
-            continue
-        if not _native.is_cache_dir(local / name):
-            write_source(
-                local,
-                name,
-                source,
-                codec=codec,
-                level=level,
-                shard_bytes=shard_bytes,
-                threads=threads,
-                progress=progress,
-            )
-        if url is not None:  # every record is checked before the upload
-            _native.publish_staged(url, name, options, staging_dir)
+    build_sources(
+        local,
+        [(n, s) for n, s in zip(names, sources, strict=True) if n not in published],
+        processes=processes,
+        upload=None if url is None else (url, options, staging_dir),
+        progress=progress,
+        codec=codec,
+        level=level,
+        shard_bytes=shard_bytes,
+        threads=threads,
+    )
     if url is None:
         return Dataset([local / name for name in names], snapshot_dir=snapshot_dir)
     return Dataset(

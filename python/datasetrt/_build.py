@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import pickle
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -13,7 +14,7 @@ import polars as pl
 from . import _native
 from ._arrow import arrow_stream
 from ._progress import Progress
-from .exceptions import InvalidInputError
+from .exceptions import InternalError, InvalidInputError
 
 RESERVED = tuple(_native.RESERVED_COLUMNS)
 CHUNK_RECORDS = 4096
@@ -223,3 +224,81 @@ def check_names(sources: Sequence[Any]) -> list[str]:
             )
         seen.add(name)
     return names
+
+
+def build_sources(
+    local: Path,
+    sources: Sequence[tuple[str, Any]],
+    *,
+    processes: int,
+    upload: tuple[str, list[tuple[str, str]] | None, str | None] | None,
+    progress: bool,
+    **options: Any,
+) -> None:
+    """Cache each ``(name, source)`` under ``local`` (and upload it, when
+    ``upload`` is ``(url, storage options, staging dir)``) unless it is
+    there already; ``processes`` > 1 writes them in that many spawned
+    processes, each cache published as it finishes."""
+    if processes == 1:
+        for name, source in sources:
+            build_source(local, name, source, upload, progress=progress, **options)
+        return
+    for name, source in sources:
+        try:
+            pickle.dumps(source)
+        except Exception as e:
+            raise InvalidInputError(
+                f"source {name!r} cannot be sent to a build process ({type(e).__name__}: {e}); "
+                f"define its class in a module, or build with processes=1"
+            ) from None
+    if options.get("threads") is None:  # the cores, shared between the processes
+        options["threads"] = max(1, (os.cpu_count() or 1) // processes)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    bar = Progress(
+        f"caching {len(sources)} sources in {processes} processes",
+        len(sources),
+        enabled=progress,
+        unit=" caches",
+    )
+    pool = ProcessPoolExecutor(
+        max_workers=min(processes, len(sources)),
+        mp_context=multiprocessing.get_context("spawn"),
+    )
+    try:
+        jobs = [
+            pool.submit(build_source, local, name, source, upload, progress=False, **options)
+            for name, source in sources
+        ]
+        for job in as_completed(jobs):
+            job.result()  # a source's error is raised here, as in this process
+            bar.update(1)
+    except BrokenProcessPool as e:
+        raise InternalError(
+            f"a build process ended without finishing ({e}); the caches already "
+            f"published stay, and build() again writes the rest"
+        ) from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        bar.close()
+
+
+def build_source(
+    local: Path,
+    name: str,
+    source: Any,
+    upload: tuple[str, list[tuple[str, str]] | None, str | None] | None,
+    *,
+    progress: bool,
+    **options: Any,
+) -> str:
+    """Cache one source under ``local`` unless it is published there; upload
+    it when ``upload`` says where."""
+    if not _native.is_cache_dir(local / name):
+        write_source(local, name, source, progress=progress, **options)
+    if upload is not None:  # every record is checked before the upload
+        url, storage_options, staging_dir = upload
+        _native.publish_staged(url, name, storage_options, staging_dir)
+    return name

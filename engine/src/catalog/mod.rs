@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use arrow::array::{new_null_array, ArrayRef, Float64Array, Int64Array, RecordBatch};
-use arrow::compute::concat_batches;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
 pub use ranges::ColumnRange;
@@ -200,13 +199,8 @@ impl Dataset {
         let snapshot = match commit::current(&snapshot_dir, &numbers)? {
             Some(n) => Snapshot::open(&snapshot_dir, n)?,
             None => {
-                let initial = initial_population(&caches)?;
-                let initial = snapshot::Partitioned::new(
-                    &initial.schema(),
-                    std::slice::from_ref(&initial),
-                    partition_rows,
-                    None,
-                )?;
+                let (schema, parts) = initial_population(&caches)?;
+                let initial = snapshot::Partitioned::new(&schema, &parts, partition_rows, None)?;
                 let guard = commit::lock(&snapshot_dir)?;
                 let number = match commit::read_head(&snapshot_dir)? {
                     Some(n) => n, // another process created it meanwhile
@@ -670,10 +664,11 @@ impl Dataset {
     }
 }
 
-/// Snapshot 0: every stored sample of every cache with weight 1.0. Columns
-/// missing from a cache are null there; a column with different types in two
-/// caches is an error naming both.
-fn initial_population(caches: &[Arc<Cache>]) -> Result<RecordBatch> {
+/// Snapshot 0: every stored sample of every cache with weight 1.0, one
+/// batch per cache (its attributes' arrays, never one copy of them all).
+/// Columns missing from a cache are null there; a column with different
+/// types in two caches is an error naming both.
+fn initial_population(caches: &[Arc<Cache>]) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let mut columns: Vec<(Field, String)> = Vec::new();
     for cache in caches {
         for field in cache.attributes()?.schema().fields().iter().skip(1) {
@@ -720,5 +715,5 @@ fn initial_population(caches: &[Arc<Cache>]) -> Result<RecordBatch> {
         arrays.push(Arc::new(Float64Array::from(vec![1.0; n])));
         parts.push(RecordBatch::try_new(schema.clone(), arrays)?);
     }
-    Ok(concat_batches(&schema, &parts)?)
+    Ok((schema, parts))
 }

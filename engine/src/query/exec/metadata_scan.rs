@@ -235,7 +235,7 @@ impl ExecutionPlan for MetadataScanExec {
     fn execute(
         &self,
         partition: usize,
-        _context: Arc<TaskContext>,
+        context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
         let Some(&slice) = self.slices.get(partition) else {
             return Err(DataFusionError::Internal(format!(
@@ -250,7 +250,6 @@ impl ExecutionPlan for MetadataScanExec {
             self.columns.clone(),
             self.schema.clone(),
         );
-        let out = schema.clone();
         let read = async move {
             let timer = baseline.elapsed_compute().timer();
             // mapping and checking the columns is file I/O: off the async workers
@@ -262,23 +261,39 @@ impl ExecutionPlan for MetadataScanExec {
             .map_err(|e| {
                 DataFusionError::from(Error::internal(format!("metadata scan task failed: {e}")))
             })??;
-            let Some(arrays) = arrays else {
-                timer.done();
-                return Ok(None);
-            };
-            // `count(*)` projects no column: the batch still has the rows
-            let options = RecordBatchOptions::new().with_row_count(Some(slice.len));
-            let arrays = arrays
-                .iter()
-                .map(|a| a.slice(slice.start, slice.len))
-                .collect();
-            let whole = RecordBatch::try_new_with_options(out, arrays, &options)?;
-            baseline.record_output(whole.num_rows());
             timer.done();
-            Ok(Some(whole))
+            baseline.record_output(arrays.as_ref().map_or(0, |_| slice.len));
+            Ok::<_, DataFusionError>(arrays)
         };
-        let stream = futures::stream::once(read)
-            .filter_map(|r: DfResult<Option<RecordBatch>>| async move { r.transpose() });
+        // the slice in batches of the session's size (views of the mapped
+        // columns): operators above work a cache-sized batch at a time, and
+        // the partitions of a plan take turns on the threads
+        let batch_size = context.session_config().batch_size().max(1);
+        let out = schema.clone();
+        let stream = futures::stream::once(read).flat_map(move |read| {
+            let batches: Box<dyn Iterator<Item = DfResult<RecordBatch>> + Send> = match read {
+                Err(e) => Box::new(std::iter::once(Err(e))),
+                Ok(None) => Box::new(std::iter::empty()),
+                Ok(Some(arrays)) => {
+                    let out = out.clone();
+                    Box::new((0..slice.len).step_by(batch_size).map(move |at| {
+                        let len = batch_size.min(slice.len - at);
+                        // `count(*)` projects no column: the batch still has the rows
+                        let options = RecordBatchOptions::new().with_row_count(Some(len));
+                        let views = arrays
+                            .iter()
+                            .map(|a| a.slice(slice.start + at, len))
+                            .collect();
+                        Ok(RecordBatch::try_new_with_options(
+                            out.clone(),
+                            views,
+                            &options,
+                        )?)
+                    }))
+                }
+            };
+            futures::stream::iter(batches)
+        });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
 

@@ -278,6 +278,11 @@ impl EpochSampler {
     /// first lands there, alone). The other modes have nothing to make.
     pub fn prepare(&self, ks: std::ops::Range<u64>, threads: usize) -> Result<()> {
         match &self.kind {
+            // many draws land in nearly every partition: make those tables
+            // rather than hash every draw twice to find them
+            Kind::Replacement(alias) if ks.end - ks.start >= 64 * alias.num_partitions() as u64 => {
+                alias.prepare_all(threads)
+            }
             Kind::Replacement(alias) => {
                 alias.prepare(ks.map(|k| draw_bits(self.seed, self.epoch, k)), threads)
             }

@@ -190,7 +190,25 @@ impl PartitionedWeights {
                 needed.insert(p);
             }
         }
-        let needed: Vec<usize> = needed.into_iter().collect();
+        self.make(needed.into_iter().collect(), threads)
+    }
+
+    /// Make the table of every partition a draw can land in (its mass is
+    /// not zero) that is not made yet, on up to `threads` threads: for
+    /// many draws, where finding the partitions they land in would cost
+    /// another pass over them and would find nearly all.
+    pub fn prepare_all(&self, threads: usize) -> Result<()> {
+        let needed = (0..self.tables.len())
+            .filter(|&p| {
+                let before = if p == 0 { 0.0 } else { self.through[p - 1] };
+                self.through[p] > before && self.tables[p].get().is_none()
+            })
+            .collect();
+        self.make(needed, threads)
+    }
+
+    /// Make the tables of partitions `needed`.
+    fn make(&self, needed: Vec<usize>, threads: usize) -> Result<()> {
         let threads = threads.clamp(1, needed.len().max(1));
         if threads == 1 {
             return needed.iter().try_for_each(|&p| self.table(p).map(|_| ()));
@@ -297,6 +315,21 @@ mod tests {
             weights: weights.to_vec(),
         };
         PartitionedWeights::new(&rows, &masses, Box::new(parts)).unwrap()
+    }
+
+    #[test]
+    fn preparing_for_many_draws_makes_every_table_a_draw_can_need() {
+        let t = two_level(&[vec![1.0, 2.0], vec![0.0, 0.0], vec![3.0], vec![0.5; 4]]);
+        t.prepare_all(2).unwrap();
+        // the partition without mass is never drawn from: no table
+        assert_eq!(t.tables_made(), 3);
+        assert!(t.tables[1].get().is_none());
+        // and the draws are those of tables made on first use
+        let lazy = two_level(&[vec![1.0, 2.0], vec![0.0, 0.0], vec![3.0], vec![0.5; 4]]);
+        for k in 0..1000 {
+            let bits = draw_bits(5, 0, k);
+            assert_eq!(t.draw(bits).unwrap(), lazy.draw(bits).unwrap());
+        }
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub struct Cache {
     shards: Vec<(PathBuf, Buffer)>,
     /// Decoded and checked on first use.
     attributes: OnceLock<RecordBatch>,
+    /// The attributes file's chunk checksums, read at open; `None`: the
+    /// file was checked whole there.
+    attributes_chunks: Option<Vec<u32>>,
     /// Set for a cache in an object store: `dir` is its local replica, whose
     /// shards are sparse, and records are read through the replica.
     replica: Option<Arc<Replica>>,
@@ -167,6 +170,12 @@ impl Cache {
             shards.push((path, map));
         }
 
+        let attributes_chunks = ChunkTable::read_sidecar(
+            &dir.join(ATTRIBUTES_FILE),
+            manifest.attributes_bytes,
+            manifest.attributes_crc32c,
+        )
+        .map(|table| table.crcs);
         let cache = Cache {
             dir: dir.to_path_buf(),
             manifest,
@@ -175,23 +184,13 @@ impl Cache {
             index_chunks,
             shards,
             attributes: OnceLock::new(),
+            attributes_chunks,
             replica: None,
         };
-        if !cache.attributes_have_chunks() {
+        if cache.attributes_chunks.is_none() {
             cache.attributes()?; // checked whole now, as before chunk tables
         }
         Ok(cache)
-    }
-
-    /// The attributes file and whether its chunk table matches the manifest.
-    fn attributes_have_chunks(&self) -> bool {
-        let path = self.dir.join(ATTRIBUTES_FILE);
-        ChunkTable::read_sidecar(
-            &path,
-            self.manifest.attributes_bytes,
-            self.manifest.attributes_crc32c,
-        )
-        .is_some()
     }
 
     /// Check the attributes file (by chunk, each once per host, when it has
@@ -209,10 +208,10 @@ impl Cache {
                 format!("{} bytes, manifest says {len}", raw.len()),
             ));
         }
-        match ChunkTable::read_sidecar(&path, len, crc) {
-            Some(table) => {
+        match &self.attributes_chunks {
+            Some(crcs) => {
                 let check =
-                    ChunkCheck::new(&path, raw.clone(), 0, table.crcs, chunks::host_key(&path))?;
+                    ChunkCheck::new(&path, raw.clone(), 0, crcs.clone(), chunks::host_key(&path))?;
                 check.check_all(chunks::check_threads())?;
             }
             None if crc32c(&raw) != crc => {

@@ -162,21 +162,23 @@ fn a_damaged_index_chunk_fails_only_the_reads_that_land_in_it() {
         assert_eq!(read(&cache, s as u64).unwrap(), payload(s), "sample {s}");
     }
     for s in [per_chunk, damaged, 2 * per_chunk - 1] {
-        let err = read(&cache, s as u64).unwrap_err();
-        let msg = err.to_string();
-        assert!(matches!(err, Error::Corrupt { .. }), "{msg}");
-        assert!(
-            msg.contains("index.drti") && msg.contains("chunk 1"),
-            "{msg}"
+        assert_corrupt(
+            read(&cache, s as u64).unwrap_err(),
+            &["index.drti", "chunk 1"],
         );
     }
     assert!(cache.check_files().is_err());
     drop(cache);
 
     std::fs::remove_file(cache_dir.join("index.drti.chunks")).unwrap();
-    let err = Cache::open(&cache_dir).unwrap_err();
-    assert!(matches!(err, Error::Corrupt { .. }), "{err}");
-    assert!(err.to_string().contains("index.drti"), "{err}");
+    assert_corrupt(Cache::open(&cache_dir).unwrap_err(), &["index.drti"]);
+}
+
+/// `err` is a `Corrupt` error whose message holds each of `names`.
+fn assert_corrupt(err: Error, names: &[&str]) {
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Corrupt { .. }), "{msg}");
+    assert!(names.iter().all(|n| msg.contains(n)), "{msg}");
 }
 
 /// The attributes are read when a dataset's first population is made, not
@@ -201,18 +203,13 @@ fn damaged_attributes_fail_what_reads_them_not_the_open() {
 
     let cache = Cache::open(&cache_dir).unwrap();
     assert_eq!(read(&cache, 7).unwrap(), payload(7));
-    let err = cache.attributes().unwrap_err();
-    let msg = err.to_string();
-    assert!(matches!(err, Error::Corrupt { .. }), "{msg}");
-    assert!(
-        msg.contains("attributes.arrow") && msg.contains("chunk 0"),
-        "{msg}"
+    assert_corrupt(
+        cache.attributes().unwrap_err(),
+        &["attributes.arrow", "chunk 0"],
     );
     assert!(cache.check_files().is_err());
     drop(cache);
 
     std::fs::remove_file(cache_dir.join("attributes.arrow.chunks")).unwrap();
-    let err = Cache::open(&cache_dir).unwrap_err();
-    assert!(matches!(err, Error::Corrupt { .. }), "{err}");
-    assert!(err.to_string().contains("attributes.arrow"), "{err}");
+    assert_corrupt(Cache::open(&cache_dir).unwrap_err(), &["attributes.arrow"]);
 }

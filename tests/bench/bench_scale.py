@@ -38,6 +38,12 @@ by chunk when read, once per host) against the same cache without them (as
 a cache written before them is read: every process checks the index and the
 attributes whole when it opens the cache).
 
+Last, for each ``--gain`` size, a root of ``--gain-caches`` caches of that
+many distinct records in all gains one more cache: ``drt.open`` of the new
+set of caches (its first snapshot), assembled from the partitions the set
+before recorded (linked, not written) against built from nothing, and the
+bytes each writes.
+
 Run by hand: ``python tests/bench/bench_scale.py --profile release --json out.json``.
 ``--profile`` labels the figures with the profile the extension was built in
 (``make release`` for benchmarks; the tests build the dev profile, which is
@@ -274,9 +280,9 @@ def measure(root: Path, ds: drt.Dataset, base: pl.DataFrame, rows: int, repeat: 
 class Distinct:
     """``n`` distinct 16-byte records with one metadata key."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, name: str | None = None):
         self.n = n
-        self.name = f"distinct-{n}"
+        self.name = name or f"distinct-{n}"
 
     def __len__(self) -> int:
         return self.n
@@ -315,10 +321,70 @@ def distinct_cache(tmp: Path, n: int, repeat: int) -> dict:
     return res
 
 
+def written_bytes(snapshot_dir: Path) -> int:
+    """Bytes of the files in ``snapshot_dir`` written there (a file linked
+    from another snapshot directory has more than one link)."""
+    return sum(
+        p.stat().st_size for p in snapshot_dir.rglob("*") if p.is_file() and p.stat().st_nlink == 1
+    )
+
+
+def gained_source(tmp: Path, rows: int, caches: int, repeat: int) -> dict:
+    """A root of ``caches`` caches holding ``rows`` distinct records gains one
+    more cache of ``rows / caches``: ``drt.open`` of the new set (its first
+    population) assembled from the partitions the set before recorded,
+    against built from nothing (a snapshot base without records, as every
+    new set of caches was built before), alternating."""
+    root = tmp / f"gain-{rows}"
+    each = rows // caches
+    t = time.perf_counter()
+    drt.build(root, [Distinct(each, f"part-{i}") for i in range(caches)], progress=False)
+    res: dict = {"rows": rows, "caches": caches, "build_s": time.perf_counter() - t}
+    snapshots = root / "_snapshots"
+    records = snapshots / "parts"
+    saved = {p.name: p.read_bytes() for p in records.iterdir()}
+    before = set(snapshots.iterdir())
+    # the new cache is written beside the root, then moved in: building it
+    # in place would open (and assemble) the new set
+    side = tmp / f"gain-{rows}-side"
+    drt.build(side, [Distinct(each, "added")], progress=False)
+    shutil.move(side / "added", root / "added")
+    shutil.rmtree(side)
+    fresh = tmp / f"gain-{rows}-fresh"
+    runs: dict[str, list] = {"assembled": [], "built": []}
+    for _ in range(repeat):
+        for way in ("built", "assembled"):
+            for d in set(snapshots.iterdir()) - before:
+                shutil.rmtree(d)
+            shutil.rmtree(records)
+            records.mkdir()
+            for name, raw in saved.items():
+                (records / name).write_bytes(raw)
+            shutil.rmtree(fresh, ignore_errors=True)
+            base = fresh if way == "built" else None
+            t = time.perf_counter()
+            ds = drt.open(root, snapshot_dir=base)
+            took = time.perf_counter() - t
+            assert len(ds) == rows + each, len(ds)
+            new = [d for d in (fresh if base else snapshots).iterdir() if d not in before]
+            new = [d for d in new if d.name != "parts"]
+            assert len(new) == 1, new
+            runs[way].append((took, written_bytes(new[0])))
+            del ds
+    for way, got in runs.items():
+        res[f"{way}_s"] = statistics.median(t for t, _ in got)
+        res[f"{way}_written_bytes"] = statistics.median(b for _, b in got)
+    shutil.rmtree(root)
+    shutil.rmtree(fresh, ignore_errors=True)
+    return res
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rows", type=int, nargs="*", default=[1_000_000, 10_000_000])
     p.add_argument("--distinct", type=int, nargs="*", default=[1_000_000, 10_000_000])
+    p.add_argument("--gain", type=int, nargs="*", default=[1_000_000, 10_000_000])
+    p.add_argument("--gain-caches", type=int, default=8)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--profile", required=True, help="the extension's build profile (dev/release)")
     p.add_argument("--json", type=Path)
@@ -331,6 +397,7 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "sizes": [],
         "distinct": [],
+        "gain": [],
     }
     with tempfile.TemporaryDirectory(prefix="drt-scale-", dir=args.dir) as tmp:
         root = Path(tmp)
@@ -346,6 +413,11 @@ def main() -> None:
         for n in args.distinct:
             res = distinct_cache(root, n, args.repeat)
             results["distinct"].append(res)
+            print(json.dumps(res))
+            sys.stdout.flush()
+        for rows in args.gain:
+            res = gained_source(root, rows, args.gain_caches, args.repeat)
+            results["gain"].append(res)
             print(json.dumps(res))
             sys.stdout.flush()
     ms = lambda s: f"{s * 1e3:.0f} ms"  # noqa: E731
@@ -389,6 +461,18 @@ def main() -> None:
             f"| {ms(r['whole_later_s'])} → {ms(r['chunked_later_s'])} "
             f"({r['chunked_later_s'] / r['whole_later_s']:.2f}x) "
             f"| {r['whole_anon_mib']:.1f} → {r['chunked_anon_mib']:.1f} MiB |"
+        )
+    print(
+        "\n| rows in the root | a root that gains a cache: open the new set, "
+        "built from nothing → assembled (ratio) | written |\n|---|---|---|"
+    )
+    for r in results["gain"]:
+        mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
+        print(
+            f"| {r['rows']:.0e} in {r['caches']} caches, + {r['rows'] // r['caches']:.0e} "
+            f"| {ms(r['built_s'])} → {ms(r['assembled_s'])} "
+            f"({r['assembled_s'] / r['built_s']:.2f}x) "
+            f"| {mib(r['built_written_bytes'])} → {mib(r['assembled_written_bytes'])} |"
         )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

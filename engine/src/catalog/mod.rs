@@ -2,6 +2,7 @@
 //! snapshots. The head record names the population; `commit` says how it
 //! moves.
 
+mod assemble;
 pub mod commit;
 mod mirror;
 mod ranges;
@@ -13,8 +14,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use arrow::array::{new_null_array, ArrayRef, Float64Array, Int64Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
 
 pub use ranges::ColumnRange;
 pub use snapshot::{read_manifest, Manifest, Snapshot};
@@ -199,13 +200,14 @@ impl Dataset {
         let snapshot = match commit::current(&snapshot_dir, &numbers)? {
             Some(n) => Snapshot::open(&snapshot_dir, n)?,
             None => {
-                let (schema, parts) = initial_population(&caches)?;
-                let initial = snapshot::Partitioned::new(&schema, &parts, partition_rows, None)?;
+                // its column files stored (or linked) before the lock: named
+                // by content, they are the same whichever process stores them
+                let initial = assemble::first_population(&snapshot_dir, &caches, partition_rows)?;
                 let guard = commit::lock(&snapshot_dir)?;
                 let number = match commit::read_head(&snapshot_dir)? {
                     Some(n) => n, // another process created it meanwhile
                     None => {
-                        let n = snapshot::publish(
+                        let n = snapshot::write_manifest(
                             &snapshot_dir,
                             &initial,
                             0,
@@ -662,58 +664,4 @@ impl Dataset {
         let data = self.caches.take(&[cache_id], &[sample_id], 1)?;
         Ok(data.value(0).to_vec())
     }
-}
-
-/// Snapshot 0: every stored sample of every cache with weight 1.0, one
-/// batch per cache (its attributes' arrays, never one copy of them all).
-/// Columns missing from a cache are null there; a column with different
-/// types in two caches is an error naming both.
-fn initial_population(caches: &[Arc<Cache>]) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-    let mut columns: Vec<(Field, String)> = Vec::new();
-    for cache in caches {
-        for field in cache.attributes()?.schema().fields().iter().skip(1) {
-            match columns.iter().find(|(f, _)| f.name() == field.name()) {
-                Some((seen, owner)) if seen.data_type() != field.data_type() => {
-                    return Err(Error::invalid(format!(
-                        "metadata column {:?} is {} in cache {owner:?} but {} in cache {:?}",
-                        field.name(),
-                        seen.data_type(),
-                        field.data_type(),
-                        cache.name()
-                    )))
-                }
-                Some(_) => {}
-                None => columns.push((
-                    field.as_ref().clone().with_nullable(true),
-                    cache.name().to_string(),
-                )),
-            }
-        }
-    }
-    let mut fields = vec![
-        Field::new("cache_id", DataType::Int64, false),
-        Field::new("sample_id", DataType::Int64, false),
-    ];
-    fields.extend(columns.iter().map(|(f, _)| f.clone()));
-    fields.push(Field::new("weight", DataType::Float64, false));
-    let schema = Arc::new(Schema::new(fields));
-
-    let mut parts = Vec::with_capacity(caches.len());
-    for cache in caches {
-        let attrs = cache.attributes()?;
-        let n = attrs.num_rows();
-        let mut arrays: Vec<ArrayRef> = vec![
-            Arc::new(Int64Array::from(vec![cache.id(); n])),
-            attrs.column(0).clone(),
-        ];
-        for (field, _) in &columns {
-            arrays.push(match attrs.column_by_name(field.name()) {
-                Some(col) => col.clone(),
-                None => new_null_array(field.data_type(), n),
-            });
-        }
-        arrays.push(Arc::new(Float64Array::from(vec![1.0; n])));
-        parts.push(RecordBatch::try_new(schema.clone(), arrays)?);
-    }
-    Ok((schema, parts))
 }

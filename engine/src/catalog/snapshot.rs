@@ -426,7 +426,7 @@ fn hash_fixed(data: &ArrayData, width: usize, h: &mut Xxh3) {
     h.update(values);
 }
 
-fn column_hash(field: &Field, array: &ArrayRef) -> String {
+pub(super) fn column_hash(field: &Field, array: &ArrayRef) -> String {
     let mut h = Xxh3::new();
     h.update(if field.is_nullable() {
         b"nullable"
@@ -446,16 +446,16 @@ fn column_field(field: &Field) -> Field {
 }
 
 /// A stored column file: content hash, CRC-32C and length of the file.
-type StoredColumn = (String, u32, u64);
+pub(super) type StoredColumn = (String, u32, u64);
 /// CRC-32C and length of a stored file.
-type StoredChecksums = (u32, u64);
+pub(super) type StoredChecksums = (u32, u64);
 
 /// Make sure every column of `batch` (whose content hashes are `hashes`)
 /// is stored under `dir/columns`; return each column's file in order.
 /// Columns already stored are not written again; their checksums come from
 /// `known` (the parent's manifest and the partitions stored before this
 /// one) or, for a file nothing vouches for, from reading it once.
-fn store_columns(
+pub(super) fn store_columns(
     dir: &Path,
     batch: &RecordBatch,
     hashes: &[String],
@@ -532,7 +532,7 @@ fn store_columns(
 /// says) its chunk table, unless it has it: a column stored before chunked
 /// checksums, fetched from a bucket, or whose sidecar was lost. Reads the
 /// file once.
-fn ensure_sidecar(path: &Path, len: u64, crc: u32) -> Result<()> {
+pub(super) fn ensure_sidecar(path: &Path, len: u64, crc: u32) -> Result<()> {
     if ChunkTable::read_sidecar(path, len, crc).is_some() {
         return Ok(());
     }
@@ -677,6 +677,14 @@ impl Partitioned {
         &self.batches
     }
 
+    /// Each partition with the content hash of each of its columns.
+    pub(super) fn parts(&self) -> impl Iterator<Item = (&RecordBatch, &[String])> {
+        self.batches
+            .iter()
+            .zip(&self.hashes)
+            .map(|(b, h)| (b, h.as_slice()))
+    }
+
     /// The content hash of column `name` in partition `part`.
     pub fn hash(&self, part: usize, name: &str) -> Option<&str> {
         let at = self.schema.index_of(name).ok()?;
@@ -687,7 +695,7 @@ impl Partitioned {
 /// `slice` (part of a batch) with its columns that are not fixed-width
 /// copied into fresh arrays (their hash would cover their whole buffers);
 /// fixed-width ones stay views of the batch (see [`hash_fixed`]).
-fn compact_variable(slice: &RecordBatch) -> Result<RecordBatch> {
+pub(super) fn compact_variable(slice: &RecordBatch) -> Result<RecordBatch> {
     let columns = slice
         .columns()
         .iter()
@@ -820,7 +828,7 @@ fn hash_partitions(parts: &[RecordBatch], known: &KnownHashes<'_>) -> Vec<Vec<St
 /// Percent-encode `%` and control characters so that any column name or note
 /// stays on one manifest line (a newline in a metadata key once made every
 /// later `open` fail).
-fn escape(text: &str) -> String {
+pub(super) fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         if c == '%' || c.is_control() {
@@ -835,7 +843,7 @@ fn escape(text: &str) -> String {
     out
 }
 
-fn unescape(text: &str) -> Option<String> {
+pub(super) fn unescape(text: &str) -> Option<String> {
     if !text.contains('%') {
         return Some(text.to_string());
     }
@@ -994,6 +1002,100 @@ fn verify_column(file: &Path, mapped_len: usize, entry: &ColumnEntry) -> Result<
     Ok(())
 }
 
+/// What a writer knows of column files already stored, by content hash:
+/// their checksums, the mass of each weight column and the range of each
+/// column (from a parent's manifest and the partitions stored before).
+#[derive(Debug, Default)]
+pub(super) struct Known {
+    checksums: HashMap<String, StoredChecksums>,
+    masses: HashMap<String, f64>,
+    ranges: HashMap<String, Option<ColumnRange>>,
+}
+
+impl Known {
+    /// What the manifest of snapshot `parent` in `dir` records (nothing if
+    /// it cannot be read: every file is then checked from disk).
+    fn of_parent(dir: &Path, parent: Option<u64>) -> Known {
+        let mut known = Known::default();
+        if let Some(manifest) = parent.and_then(|p| read_manifest(dir, p).ok()) {
+            known.add(&manifest.partitions);
+        }
+        known
+    }
+
+    /// The checksums of the column files known, by content hash.
+    pub(super) fn checksums(&self) -> &HashMap<String, StoredChecksums> {
+        &self.checksums
+    }
+
+    /// Learn what `partitions` (as a manifest names them) record.
+    pub(super) fn add(&mut self, partitions: &[PartitionEntry]) {
+        for part in partitions {
+            for c in &part.columns {
+                if let (Some(crc), Some(len)) = (c.crc, c.len) {
+                    self.checksums.insert(c.hash.clone(), (crc, len));
+                }
+                if c.range.is_some() {
+                    self.ranges.insert(c.hash.clone(), c.range);
+                }
+            }
+            let weight = part.columns.iter().find(|c| c.name == "weight");
+            if let (Some(mass), Some(weight)) = (part.mass, weight) {
+                self.masses.insert(weight.hash.clone(), mass);
+            }
+        }
+    }
+}
+
+/// Store the columns of partition `batch` (content hashes `hashes`) under
+/// `dir/columns`, writing only those not stored yet, and describe it as a
+/// manifest names it: rows, weight mass, and each column's file and range.
+pub(super) fn store_partition(
+    dir: &Path,
+    batch: &RecordBatch,
+    hashes: &[String],
+    known: &mut Known,
+) -> Result<PartitionEntry> {
+    let schema = batch.schema();
+    let weight_at = schema
+        .index_of("weight")
+        .map_err(|_| Error::invalid("a population needs a weight column"))?;
+    let stored = store_columns(dir, batch, hashes, &known.checksums)?;
+    let weight_hash = &hashes[weight_at];
+    let mass = match known.masses.get(weight_hash) {
+        Some(&mass) => mass,
+        None => {
+            let weights = batch
+                .column(weight_at)
+                .as_primitive_opt::<Float64Type>()
+                .ok_or_else(|| Error::invalid("a population's weight column is Float64"))?;
+            let mass = crate::sample::mass(weights.values());
+            known.masses.insert(weight_hash.clone(), mass);
+            mass
+        }
+    };
+    let mut columns = Vec::with_capacity(stored.len());
+    for (k, (field, (hash, crc, len))) in schema.fields().iter().zip(stored).enumerate() {
+        known.checksums.insert(hash.clone(), (crc, len));
+        let range = *known
+            .ranges
+            .entry(hash.clone())
+            .or_insert_with(|| ColumnRange::of(batch.column(k)));
+        columns.push(ColumnEntry {
+            hash,
+            name: field.name().clone(),
+            crc: Some(crc),
+            len: Some(len),
+            range,
+        });
+    }
+    Ok(PartitionEntry {
+        rows: batch.num_rows(),
+        mass: Some(mass),
+        columns,
+    })
+}
+
 /// Write `population` as the first free snapshot number at or above
 /// `number`, created only if absent (a number another writer took is
 /// skipped, never overwritten). `parent` is the head it is committed on.
@@ -1007,53 +1109,38 @@ pub fn publish(
     note: &str,
     parent: Option<u64>,
 ) -> Result<u64> {
-    let mut known: HashMap<String, StoredChecksums> = HashMap::new();
-    // the weight mass of every weight column the parent names, by hash
-    let mut masses: HashMap<String, f64> = HashMap::new();
-    // and the range of every column file it records one for
-    let mut ranges: HashMap<String, Option<ColumnRange>> = HashMap::new();
-    if let Some(manifest) = parent.and_then(|p| read_manifest(dir, p).ok()) {
-        for c in manifest.columns() {
-            if let (Some(crc), Some(len)) = (c.crc, c.len) {
-                known.insert(c.hash.clone(), (crc, len));
-            }
-            if c.range.is_some() {
-                ranges.insert(c.hash.clone(), c.range);
-            }
-        }
-        for part in &manifest.partitions {
-            let weight = part.columns.iter().find(|c| c.name == "weight");
-            if let (Some(mass), Some(weight)) = (part.mass, weight) {
-                masses.insert(weight.hash.clone(), mass);
-            }
-        }
-    }
-    let weight_at = population
-        .schema
-        .index_of("weight")
-        .map_err(|_| Error::invalid("a population needs a weight column"))?;
-    let mut stored = Vec::with_capacity(population.batches.len());
-    for (batch, hashes) in population.batches.iter().zip(&population.hashes) {
-        let columns = store_columns(dir, batch, hashes, &known)?;
-        for (hash, crc, len) in &columns {
-            known.insert(hash.clone(), (*crc, *len));
-        }
-        stored.push(columns);
-    }
-    let names: Vec<String> = population
-        .schema
-        .fields()
+    let mut known = Known::of_parent(dir, parent);
+    let partitions = population
+        .parts()
+        .map(|(batch, hashes)| store_partition(dir, batch, hashes, &mut known))
+        .collect::<Result<Vec<_>>>()?;
+    write_manifest(dir, &partitions, number, note, parent)
+}
+
+/// Write the manifest of a population of `partitions` (their column files
+/// stored) as the first free snapshot number at or above `number` (see
+/// [`publish`]).
+pub(super) fn write_manifest(
+    dir: &Path,
+    partitions: &[PartitionEntry],
+    number: u64,
+    note: &str,
+    parent: Option<u64>,
+) -> Result<u64> {
+    let rows: usize = partitions.iter().map(|p| p.rows).sum();
+    let names: Vec<String> = partitions
+        .first()
+        .map(|p| p.columns.iter().map(|c| c.name.clone()).collect())
+        .unwrap_or_default();
+    let hashes: Vec<Vec<String>> = partitions
         .iter()
-        .map(|f| f.name().clone())
+        .map(|p| p.columns.iter().map(|c| c.hash.clone()).collect())
         .collect();
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0);
-    let mut body = format!(
-        "{HEADER} {VERSION}\nrows={}\ncreated_unix_ms={created}\n",
-        population.rows
-    );
+    let mut body = format!("{HEADER} {VERSION}\nrows={rows}\ncreated_unix_ms={created}\n");
     match parent {
         Some(p) => {
             let _ = writeln!(body, "parent={p}");
@@ -1061,45 +1148,14 @@ pub fn publish(
         None => body.push_str("parent=none\n"),
     }
     let _ = writeln!(body, "note={}", escape(note));
-    let parts: Vec<(usize, &[String])> = population
-        .batches
+    let parts: Vec<(usize, &[String])> = partitions
         .iter()
-        .zip(&population.hashes)
-        .map(|(b, h)| (b.num_rows(), h.as_slice()))
+        .zip(&hashes)
+        .map(|(p, h)| (p.rows, h.as_slice()))
         .collect();
-    let _ = writeln!(
-        body,
-        "fingerprint={}",
-        fingerprint(population.rows, &names, &parts)
-    );
-    for ((batch, columns), hashes) in population
-        .batches
-        .iter()
-        .zip(&stored)
-        .zip(&population.hashes)
-    {
-        let mass = match masses.get(&hashes[weight_at]) {
-            Some(&mass) => mass,
-            None => {
-                let weights = batch
-                    .column(weight_at)
-                    .as_primitive_opt::<Float64Type>()
-                    .ok_or_else(|| Error::invalid("a population's weight column is Float64"))?;
-                let mass = crate::sample::mass(weights.values());
-                masses.insert(hashes[weight_at].clone(), mass);
-                mass
-            }
-        };
-        let _ = writeln!(body, "partition={} {mass:?}", batch.num_rows());
-        for (k, (name, (hash, crc, len))) in names.iter().zip(columns).enumerate() {
-            let _ = writeln!(body, "column={hash} {crc:08x} {len} {}", escape(name));
-            let range = *ranges
-                .entry(hash.clone())
-                .or_insert_with(|| ColumnRange::of(batch.column(k)));
-            if let Some(range) = range {
-                let _ = writeln!(body, "range={}", range.text());
-            }
-        }
+    let _ = writeln!(body, "fingerprint={}", fingerprint(rows, &names, &parts));
+    for part in partitions {
+        write_partition(&mut body, part);
     }
     let text = seal_text(&body);
 
@@ -1120,6 +1176,26 @@ pub fn publish(
     let _ = std::fs::remove_file(&tmp);
     fs::sync_dir(dir)?;
     Ok(n)
+}
+
+/// A partition's lines in a manifest: `partition=<rows> <mass>`, then per
+/// column `column=<hash> <crc> <len> <name>` and its `range=` line if any.
+pub(super) fn write_partition(body: &mut String, part: &PartitionEntry) {
+    let mass = part.mass.unwrap_or(part.rows as f64);
+    let _ = writeln!(body, "partition={} {mass:?}", part.rows);
+    for c in &part.columns {
+        let _ = writeln!(
+            body,
+            "column={} {:08x} {} {}",
+            c.hash,
+            c.crc.unwrap_or(0),
+            c.len.unwrap_or(0),
+            escape(&c.name)
+        );
+        if let Some(range) = c.range {
+            let _ = writeln!(body, "range={}", range.text());
+        }
+    }
 }
 
 /// Every problem of snapshot `number`'s manifest and column files, each file
@@ -1268,35 +1344,11 @@ pub fn read_manifest(dir: &Path, number: u64) -> Result<Manifest> {
             "note" if version == 1 => manifest.note = value.to_string(),
             "note" => manifest.note = unescape(value).ok_or_else(bad_line)?,
             "fingerprint" => manifest.fingerprint = value.to_string(),
-            "partition" if version >= 3 => {
-                let (rows, mass) = match value.split_once(' ') {
-                    Some((rows, mass)) if version >= 4 => (rows, Some(mass)),
-                    None if version == 3 => (value, None),
-                    _ => return Err(bad_line()),
-                };
-                let mass = match mass {
-                    Some(m) => Some(
-                        m.parse::<f64>()
-                            .ok()
-                            .filter(|m| m.is_finite() && *m >= 0.0)
-                            .ok_or_else(bad_line)?,
-                    ),
-                    None => None,
-                };
-                manifest.partitions.push(PartitionEntry {
-                    rows: rows.parse().map_err(|_| bad_line())?,
-                    mass,
-                    columns: Vec::new(),
-                })
-            }
-            "column" if manifest.partitions.is_empty() => {
-                return Err(bad(format!(
-                    "column line {line:?} before any partition line"
-                )))
-            }
             "column" if version == 1 => {
                 let (hash, name) = value.split_once(' ').ok_or_else(bad_line)?;
-                let last = manifest.partitions.last_mut().expect("checked above");
+                let last = manifest.partitions.last_mut().ok_or_else(|| {
+                    bad(format!("column line {line:?} before any partition line"))
+                })?;
                 last.columns.push(ColumnEntry {
                     hash: hash.to_string(),
                     name: name.to_string(),
@@ -1305,28 +1357,8 @@ pub fn read_manifest(dir: &Path, number: u64) -> Result<Manifest> {
                     range: None,
                 });
             }
-            "column" => {
-                let mut parts = value.splitn(4, ' ');
-                let mut next = || parts.next().ok_or_else(bad_line);
-                let (hash, crc, len, name) = (next()?, next()?, next()?, next()?);
-                let last = manifest.partitions.last_mut().expect("checked above");
-                last.columns.push(ColumnEntry {
-                    hash: hash.to_string(),
-                    crc: Some(u32::from_str_radix(crc, 16).map_err(|_| bad_line())?),
-                    len: Some(len.parse().map_err(|_| bad_line())?),
-                    name: unescape(name).ok_or_else(bad_line)?,
-                    range: None,
-                });
-            }
-            // the column line before it names the column (builds that do not
-            // know ranges skip these lines, as every reader skips unknown keys)
-            "range" => {
-                let column = manifest
-                    .partitions
-                    .last_mut()
-                    .and_then(|p| p.columns.last_mut())
-                    .ok_or_else(|| bad(format!("range line {line:?} before any column line")))?;
-                column.range = Some(ColumnRange::parse(value).ok_or_else(bad_line)?);
+            "partition" | "column" | "range" => {
+                partition_line(key, value, version, &mut manifest.partitions).map_err(bad)?
             }
             _ => {}
         }
@@ -1378,6 +1410,68 @@ pub fn read_manifest(dir: &Path, number: u64) -> Result<Manifest> {
         )));
     }
     Ok(manifest)
+}
+
+/// Apply one `partition`, `column` or `range` line (of a manifest of
+/// `version` 2 or later, or a group record) to `partitions`; the error is
+/// what is wrong with the line.
+pub(super) fn partition_line(
+    key: &str,
+    value: &str,
+    version: u32,
+    partitions: &mut Vec<PartitionEntry>,
+) -> std::result::Result<(), String> {
+    let line = format!("{key}={value}");
+    let bad_line = || format!("bad {key} line {line:?}");
+    match key {
+        "partition" if version >= 3 => {
+            let (rows, mass) = match value.split_once(' ') {
+                Some((rows, mass)) if version >= 4 => (rows, Some(mass)),
+                None if version == 3 => (value, None),
+                _ => return Err(bad_line()),
+            };
+            let mass = match mass {
+                Some(m) => Some(
+                    m.parse::<f64>()
+                        .ok()
+                        .filter(|m| m.is_finite() && *m >= 0.0)
+                        .ok_or_else(bad_line)?,
+                ),
+                None => None,
+            };
+            partitions.push(PartitionEntry {
+                rows: rows.parse().map_err(|_| bad_line())?,
+                mass,
+                columns: Vec::new(),
+            });
+        }
+        "column" => {
+            let last = partitions
+                .last_mut()
+                .ok_or_else(|| format!("column line {line:?} before any partition line"))?;
+            let mut parts = value.splitn(4, ' ');
+            let mut next = || parts.next().ok_or_else(bad_line);
+            let (hash, crc, len, name) = (next()?, next()?, next()?, next()?);
+            last.columns.push(ColumnEntry {
+                hash: hash.to_string(),
+                crc: Some(u32::from_str_radix(crc, 16).map_err(|_| bad_line())?),
+                len: Some(len.parse().map_err(|_| bad_line())?),
+                name: unescape(name).ok_or_else(bad_line)?,
+                range: None,
+            });
+        }
+        // the column line before it names the column (builds that do not
+        // know ranges skip these lines, as every reader skips unknown keys)
+        "range" => {
+            let column = partitions
+                .last_mut()
+                .and_then(|p| p.columns.last_mut())
+                .ok_or_else(|| format!("range line {line:?} before any column line"))?;
+            column.range = Some(ColumnRange::parse(value).ok_or_else(bad_line)?);
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 impl Snapshot {

@@ -381,10 +381,20 @@ fn a_partitioned_snapshot_reads_as_one_population() {
     };
     let parted = Dataset::open(&[dir.path().to_path_buf()], options).unwrap();
     let (one, four) = (whole.snapshot(), parted.snapshot());
-    assert_eq!((one.num_partitions(), four.num_partitions()), (1, 4));
+    assert_eq!((one.num_partitions(), four.num_partitions()), (1, 5));
+    // each cache (of half a partition's rows or more) is cut on its own:
+    // snapshot 0 never writes a partition that spans two of them
     let manifest = read_manifest(parted.snapshot_dir(), 0).unwrap();
     let rows: Vec<usize> = manifest.partitions.iter().map(|p| p.rows).collect();
-    assert_eq!(rows, [4, 4, 4, 3]);
+    let cut: Vec<usize> = parted
+        .caches()
+        .iter()
+        .flat_map(|c| {
+            let n = c.records() as usize;
+            (0..n).step_by(4).map(move |at| (n - at).min(4))
+        })
+        .collect();
+    assert_eq!(rows, cut);
     assert_eq!(crate::whole(&one).unwrap(), crate::whole(&four).unwrap());
     // a partition's file holds its rows only (cut from one batch of all 15;
     // values are padded to 64 bytes, so 4 and 15 Int64s differ by 64)
@@ -444,8 +454,8 @@ fn a_partitioned_snapshot_reads_as_one_population() {
         counts[balanced.row(k).unwrap() as usize] += 1;
     }
     assert_eq!(counts, [2; 15]);
-    // partitions of equal content share one file: the first three weight
-    // columns are four 1.0s each
+    // partitions of equal content share one file: the three weight columns
+    // of four rows are four 1.0s each (the others 2 and 1)
     let weights: std::collections::BTreeSet<_> = manifest
         .partitions
         .iter()
@@ -458,7 +468,7 @@ fn a_partitioned_snapshot_reads_as_one_population() {
                 .clone()
         })
         .collect();
-    assert_eq!(weights.len(), 2);
+    assert_eq!(weights.len(), 3);
 }
 
 #[test]
@@ -851,4 +861,115 @@ fn a_population_past_two_to_the_32_rows_is_drawn_from() {
         .unwrap_err();
     assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
     assert!(err.to_string().contains("at most 2^32 - 1 rows"), "{err}");
+}
+
+/// A cache of `n` records whose one metadata column is a Float64 `score`,
+/// which the caches of `write_cache` do not have.
+fn write_scored_cache(root: &std::path::Path, name: &str, n: usize) {
+    let mut w =
+        datasetrt::store::CacheWriter::create(root, name, WriterOptions::default()).unwrap();
+    let data: Vec<u8> = (0..n).flat_map(crate::store::payload).collect();
+    let mut ends = Vec::new();
+    let mut end = 0;
+    for i in 0..n {
+        end += crate::store::payload(i).len();
+        ends.push(end);
+    }
+    w.add_chunk(data, ends).unwrap();
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        "score",
+        DataType::Float64,
+        false,
+    )]));
+    let scores = Float64Array::from_iter_values((0..n).map(|i| i as f64 / 2.0));
+    w.finish(RecordBatch::try_new(schema, vec![Arc::new(scores)]).unwrap())
+        .unwrap();
+}
+
+/// The inode of column file `hash` in `ds`'s snapshot directory.
+fn column_inode(ds: &Dataset, hash: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let file = ds
+        .snapshot_dir()
+        .join("columns")
+        .join(format!("{hash}.arrow"));
+    std::fs::metadata(file).unwrap().ino()
+}
+
+#[test]
+fn a_root_that_gains_a_cache_links_the_partitions_of_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    write_cache(dir.path(), "a", 10, WriterOptions::default());
+    write_cache(dir.path(), "b", 5, WriterOptions::default());
+    let options = |base: Option<&std::path::Path>| OpenOptions {
+        snapshot_dir: base.map(|b| b.to_path_buf()),
+        partition_rows: Some(4),
+        ..Default::default()
+    };
+    let first = Dataset::open(&[dir.path().to_path_buf()], options(None)).unwrap();
+    let before = read_manifest(first.snapshot_dir(), 0).unwrap();
+    // a new source, with a metadata column the others do not have
+    write_scored_cache(dir.path(), "c", 6);
+    let grown = Dataset::open(&[dir.path().to_path_buf()], options(None)).unwrap();
+    assert_ne!(grown.snapshot_dir(), first.snapshot_dir());
+    // the population a set of caches opened for the first time gets
+    let base = tempfile::tempdir().unwrap();
+    let fresh = Dataset::open(&[dir.path().to_path_buf()], options(Some(base.path()))).unwrap();
+    let (got, want) = (grown.snapshot(), fresh.snapshot());
+    assert_eq!(crate::whole(&got).unwrap(), crate::whole(&want).unwrap());
+    assert_eq!(got.fingerprint(), want.fingerprint());
+    assert_eq!(got.num_rows(), 21);
+    // every column of a's and b's partitions but the new one is the first
+    // set's file, linked (the same inode): not read, not written again
+    let after = read_manifest(grown.snapshot_dir(), 0).unwrap();
+    let old: std::collections::HashSet<&str> = before.columns().map(|c| c.hash.as_str()).collect();
+    let ids: std::collections::HashSet<i64> = first.caches().iter().map(|c| c.id()).collect();
+    let mut linked = 0;
+    for (i, part) in after.partitions.iter().enumerate() {
+        let cache_id = got.partition_columns(i, &[0]).unwrap()[0]
+            .as_primitive::<Int64Type>()
+            .value(0);
+        for column in &part.columns {
+            let from_first = ids.contains(&cache_id) && column.name != "score";
+            if column.name == "cache_id" || column.name == "score" {
+                assert_eq!(old.contains(column.hash.as_str()), from_first);
+            }
+            if from_first {
+                assert!(old.contains(column.hash.as_str()), "{}", column.name);
+                assert_eq!(
+                    column_inode(&grown, &column.hash),
+                    column_inode(&first, &column.hash)
+                );
+                linked += 1;
+            }
+        }
+    }
+    assert_eq!(linked, 5 * 5, "5 partitions of a and b, 5 columns each");
+
+    // the files a record names are gone (both sets' directories removed)
+    // or the records are damaged: the next set builds what it cannot link
+    std::fs::remove_dir_all(first.snapshot_dir()).unwrap();
+    std::fs::remove_dir_all(grown.snapshot_dir()).unwrap();
+    write_cache(dir.path(), "d", 3, WriterOptions::default());
+    let records = dir.path().join("_snapshots").join("parts");
+    let mut damaged = 0;
+    for record in std::fs::read_dir(&records).unwrap() {
+        let path = record.unwrap().path();
+        if damaged % 2 == 0 {
+            let mut bytes = std::fs::read(&path).unwrap();
+            let last = bytes.len() - 2;
+            bytes[last] ^= 1;
+            std::fs::write(&path, bytes).unwrap();
+        }
+        damaged += 1;
+    }
+    assert!(damaged >= 3, "a record per group: {damaged}");
+    let again = Dataset::open(&[dir.path().to_path_buf()], options(None)).unwrap();
+    let base = tempfile::tempdir().unwrap();
+    let fresh = Dataset::open(&[dir.path().to_path_buf()], options(Some(base.path()))).unwrap();
+    let (got, want) = (again.snapshot(), fresh.snapshot());
+    assert_eq!(crate::whole(&got).unwrap(), crate::whole(&want).unwrap());
+    assert_eq!(got.num_rows(), 24);
+    let problems = again.verify(&|_, _| {});
+    assert!(problems.is_empty(), "{problems:?}");
 }

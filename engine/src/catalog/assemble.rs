@@ -1,0 +1,470 @@
+//! A dataset's first snapshot, assembled from the partitions of its caches.
+//!
+//! Snapshot 0 of a set of caches is every stored sample of every cache with
+//! weight 1.0. Its partitions never span a group boundary: caches, in
+//! `cache_id` order, are gathered into **groups** of at most a partition's
+//! rows (a larger cache is a group of its own, cut into partitions), and a
+//! group ends after a cache that its id's hash chooses, with a chance that
+//! grows with the cache's records (a content-defined cut). So a group's
+//! partitions depend on its own caches only, and adding or removing a
+//! cache changes its own group and at most the few after it, up to the next
+//! chosen end, never the rest.
+//!
+//! Each group's partitions are recorded once written
+//! (`<snapshots>/parts/<key>.parts`: which snapshot directory holds their
+//! column files, and every column line). The next set of caches that holds
+//! the same group (a root that gained a source, a subset opened by path)
+//! links those files into its own snapshot directory (hard links: no byte
+//! is read or written) instead of building them again. A record that is
+//! missing, damaged or names files that are gone is ignored: the group is
+//! built from its caches, as it always can be.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use arrow::array::{new_null_array, ArrayRef, Float64Array, Int64Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+
+use super::snapshot::{
+    column_hash, compact_variable, ensure_sidecar, escape, partition_line, store_columns, unescape,
+    write_partition, ColumnEntry, Known, PartitionEntry, Partitioned, COLUMNS_DIR,
+};
+use crate::store::checksum::{open_sealed_text, seal_text};
+use crate::store::chunks::ChunkTable;
+use crate::store::{fs, Cache};
+use crate::{Error, Result};
+
+/// Directory of group records, beside the snapshot directories.
+pub const PARTS_DIR: &str = "parts";
+const HEADER: &str = "datasetrt-parts";
+const VERSION: u32 = 1;
+/// The manifest version whose partition lines a record uses.
+const MANIFEST_LINES: u32 = 4;
+
+/// The caches of `caches` (sorted by id) grouped as the module says: a
+/// group ends before a cache that would take it past `per` rows, and after
+/// a cache its id chooses (always one of `per / 2` records or more).
+pub fn groups(caches: &[Arc<Cache>], per: usize) -> Vec<Range<usize>> {
+    let per = per.max(1) as u128;
+    let mut out = Vec::new();
+    let (mut start, mut rows) = (0, 0u128);
+    for (i, cache) in caches.iter().enumerate() {
+        let n = cache.records() as u128;
+        if i > start && rows + n > per {
+            out.push(start..i);
+            (start, rows) = (i, 0);
+        }
+        rows += n;
+        // chosen with probability min(1, 2 n / per), from the id alone
+        let h = xxh3_64(&cache.id().to_le_bytes()) as u128;
+        if 2 * n >= per || h * per < (2 * n) << 64 {
+            out.push(start..i + 1);
+            (start, rows) = (i + 1, 0);
+        }
+    }
+    if start < caches.len() {
+        out.push(start..caches.len());
+    }
+    out
+}
+
+/// Store the column files of snapshot 0 of `caches` in snapshot directory
+/// `dir` (linking the groups recorded beside it, building the others) and
+/// return its partitions as its manifest will name them.
+pub fn first_population(
+    dir: &Path,
+    caches: &[Arc<Cache>],
+    per: usize,
+) -> Result<Vec<PartitionEntry>> {
+    let per = per.max(1);
+    let records_dir = dir.parent().unwrap_or(dir).join(PARTS_DIR);
+    let groups = groups(caches, per);
+    let keys: Vec<String> = groups
+        .iter()
+        .map(|g| key(&caches[g.clone()], per))
+        .collect();
+    let mut records: Vec<Option<Record>> = groups
+        .iter()
+        .zip(&keys)
+        .map(|(g, k)| Record::load(&records_dir, k, &caches[g.clone()]))
+        .collect();
+    // every cache's own columns: from its group's record, else its attributes
+    let mut own: Vec<Vec<Field>> = Vec::with_capacity(caches.len());
+    for (g, record) in groups.iter().zip(&records) {
+        match record {
+            Some(r) => own.extend(r.own.iter().cloned()),
+            None => {
+                for cache in &caches[g.clone()] {
+                    let schema = cache.attributes()?.schema();
+                    own.push(
+                        schema
+                            .fields()
+                            .iter()
+                            .skip(1)
+                            .map(|f| f.as_ref().clone())
+                            .collect(),
+                    );
+                }
+            }
+        }
+    }
+    let schema = union_schema(caches, &own)?;
+    let dir_name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    std::fs::create_dir_all(dir.join(COLUMNS_DIR)).map_err(Error::io(dir))?;
+    let mut known = Known::default();
+    let mut partitions = Vec::new();
+    for (i, g) in groups.iter().enumerate() {
+        let members = &caches[g.clone()];
+        let linked = match records[i].take() {
+            Some(record) => record.link(dir, &schema, &mut known)?,
+            None => None,
+        };
+        let parts = match linked {
+            Some(parts) => parts,
+            None => build_group(dir, &schema, members, per, &mut known)?,
+        };
+        let record = Record {
+            dir: dir_name.clone(),
+            own: own[g.clone()].to_vec(),
+            schema: schema.clone(),
+            partitions: parts,
+        };
+        // best effort: without it the next set builds this group again
+        let _ = record.save(&records_dir, &keys[i], members);
+        partitions.extend(record.partitions);
+    }
+    Ok(partitions)
+}
+
+/// Name of a group's record: its caches (id, records and the checksums of
+/// their index and attributes, which name their content) and the rows per
+/// partition.
+fn key(members: &[Arc<Cache>], per: usize) -> String {
+    let mut h = Xxh3::new();
+    h.update(&VERSION.to_le_bytes());
+    h.update(&(per as u64).to_le_bytes());
+    for cache in members {
+        let m = cache.manifest();
+        h.update(&m.cache_id.to_le_bytes());
+        h.update(&m.records.to_le_bytes());
+        h.update(&m.attributes_bytes.to_le_bytes());
+        h.update(&m.attributes_crc32c.to_le_bytes());
+        h.update(&m.index_crc32c.to_le_bytes());
+    }
+    format!("{:032x}", h.digest128())
+}
+
+/// `cache_id`, `sample_id`, every cache's own columns (nullable, in order of
+/// first appearance) and `weight`; a column with two types in two caches is
+/// an error naming both.
+fn union_schema(caches: &[Arc<Cache>], own: &[Vec<Field>]) -> Result<SchemaRef> {
+    let mut columns: Vec<(Field, &str)> = Vec::new();
+    for (cache, fields) in caches.iter().zip(own) {
+        for field in fields {
+            match columns.iter().find(|(f, _)| f.name() == field.name()) {
+                Some((seen, owner)) if seen.data_type() != field.data_type() => {
+                    return Err(Error::invalid(format!(
+                        "metadata column {:?} is {} in cache {owner:?} but {} in cache {:?}",
+                        field.name(),
+                        seen.data_type(),
+                        field.data_type(),
+                        cache.name()
+                    )))
+                }
+                Some(_) => {}
+                None => columns.push((field.clone().with_nullable(true), cache.name())),
+            }
+        }
+    }
+    let mut fields = vec![
+        Field::new("cache_id", DataType::Int64, false),
+        Field::new("sample_id", DataType::Int64, false),
+    ];
+    fields.extend(columns.into_iter().map(|(f, _)| f));
+    fields.push(Field::new("weight", DataType::Float64, false));
+    Ok(Arc::new(Schema::new(fields)))
+}
+
+/// Rows `at..at + take` of `cache` as rows of `schema`: its id, its
+/// attributes (null where it has no such column) and weight 1.0.
+fn cache_rows(schema: &SchemaRef, cache: &Cache, at: usize, take: usize) -> Result<RecordBatch> {
+    let attrs = cache.attributes()?.slice(at, take);
+    let mut arrays: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+    for field in schema.fields().iter() {
+        arrays.push(match field.name().as_str() {
+            "cache_id" => Arc::new(Int64Array::from(vec![cache.id(); take])),
+            "sample_id" => attrs.column(0).clone(),
+            "weight" => Arc::new(Float64Array::from(vec![1.0; take])),
+            name => match attrs.column_by_name(name) {
+                Some(col) => col.clone(),
+                None => new_null_array(field.data_type(), take),
+            },
+        });
+    }
+    let rows = RecordBatch::try_new(schema.clone(), arrays)?;
+    // a batch as given is hashed and stored whole: a slice of the cache's
+    // arrays gets its own copy of any that are not fixed-width
+    match take == cache.records() as usize {
+        true => Ok(rows),
+        false => compact_variable(&rows),
+    }
+}
+
+/// Build and store the partitions of one group from its caches, a window
+/// of partitions (one per engine thread) at a time, so that what is held
+/// in memory is a few partitions' `cache_id` and `weight` columns.
+fn build_group(
+    dir: &Path,
+    schema: &SchemaRef,
+    members: &[Arc<Cache>],
+    per: usize,
+    known: &mut Known,
+) -> Result<Vec<PartitionEntry>> {
+    // a multiple of `per`: a window's cut is the group's cut
+    let window = per.saturating_mul(crate::threads().max(1));
+    let mut out = Vec::new();
+    let mut pending: Vec<RecordBatch> = Vec::new();
+    let mut pending_rows = 0;
+    let mut flush = |pending: &mut Vec<RecordBatch>, out: &mut Vec<PartitionEntry>| -> Result<()> {
+        let cut = Partitioned::new(schema, pending, per, None)?;
+        pending.clear();
+        for (batch, hashes) in cut.parts() {
+            out.push(super::snapshot::store_partition(dir, batch, hashes, known)?);
+        }
+        Ok(())
+    };
+    for cache in members {
+        let n = cache.records() as usize;
+        let mut at = 0;
+        while at < n {
+            let take = (window - pending_rows).min(n - at);
+            pending.push(cache_rows(schema, cache, at, take)?);
+            pending_rows += take;
+            at += take;
+            if pending_rows == window {
+                flush(&mut pending, &mut out)?;
+                pending_rows = 0;
+            }
+        }
+    }
+    if pending_rows > 0 {
+        flush(&mut pending, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// What a group's record says: where its files are, its caches' own
+/// columns, the schema its partitions were written with, and their lines.
+struct Record {
+    /// Name of the snapshot directory (beside the records) holding the files.
+    dir: String,
+    own: Vec<Vec<Field>>,
+    schema: SchemaRef,
+    partitions: Vec<PartitionEntry>,
+}
+
+fn field_line(key: &str, field: &Field) -> String {
+    let kind = if field.is_nullable() {
+        "null"
+    } else {
+        "required"
+    };
+    format!(
+        "{key}={kind}\t{}\t{}",
+        escape(&field.data_type().to_string()),
+        escape(field.name())
+    )
+}
+
+/// A field from `field_line`'s value; `None` unless its type reads back as
+/// written.
+fn parse_field(value: &str) -> Option<Field> {
+    let mut parts = value.splitn(3, '\t');
+    let nullable = match parts.next()? {
+        "null" => true,
+        "required" => false,
+        _ => return None,
+    };
+    let text = unescape(parts.next()?)?;
+    let data_type = DataType::from_str(&text).ok()?;
+    (data_type.to_string() == text).then_some(())?;
+    Some(Field::new(unescape(parts.next()?)?, data_type, nullable))
+}
+
+impl Record {
+    fn path(records_dir: &Path, key: &str) -> PathBuf {
+        records_dir.join(format!("{key}.parts"))
+    }
+
+    fn save(&self, records_dir: &Path, key: &str, members: &[Arc<Cache>]) -> Result<()> {
+        let mut body = format!("{HEADER} {VERSION}\ndir={}\n", escape(&self.dir));
+        for (cache, fields) in members.iter().zip(&self.own) {
+            body.push_str(&format!("cache={}\n", cache.id()));
+            for field in fields {
+                body.push_str(&field_line("own", field));
+                body.push('\n');
+            }
+        }
+        for field in self.schema.fields().iter() {
+            body.push_str(&field_line("field", field));
+            body.push('\n');
+        }
+        for part in &self.partitions {
+            write_partition(&mut body, part);
+        }
+        std::fs::create_dir_all(records_dir).map_err(Error::io(records_dir))?;
+        fs::write_atomic(&Self::path(records_dir, key), seal_text(&body).as_bytes())
+    }
+
+    /// The record of group `key`, if there is one that reads whole and
+    /// describes `members`.
+    fn load(records_dir: &Path, key: &str, members: &[Arc<Cache>]) -> Option<Record> {
+        let path = Self::path(records_dir, key);
+        let raw = std::fs::read(&path).ok()?;
+        let (_, body) =
+            open_sealed_text(&path, &raw, HEADER, VERSION..=VERSION, "group record").ok()?;
+        let mut record = Record {
+            dir: String::new(),
+            own: Vec::new(),
+            schema: Arc::new(Schema::empty()),
+            partitions: Vec::new(),
+        };
+        let mut ids = Vec::new();
+        let mut fields = Vec::new();
+        for line in body.lines().skip(1) {
+            let (key, value) = line.split_once('=')?;
+            match key {
+                "dir" => record.dir = unescape(value)?,
+                "cache" => {
+                    ids.push(value.parse::<i64>().ok()?);
+                    record.own.push(Vec::new());
+                }
+                "own" => record.own.last_mut()?.push(parse_field(value)?),
+                "field" => fields.push(parse_field(value)?),
+                _ => partition_line(key, value, MANIFEST_LINES, &mut record.partitions).ok()?,
+            }
+        }
+        record.schema = Arc::new(Schema::new(fields));
+        let names: Vec<&str> = record
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        let whole = ids == members.iter().map(|c| c.id()).collect::<Vec<_>>()
+            && !record.dir.is_empty()
+            && !record.dir.contains(['/', '\\'])
+            && record.dir != ".."
+            && record.partitions.iter().all(|p| {
+                p.mass.is_some()
+                    && p.columns
+                        .iter()
+                        .map(|c| c.name.as_str())
+                        .eq(names.iter().copied())
+            })
+            && record.partitions.iter().map(|p| p.rows as u64).sum::<u64>()
+                == members.iter().map(|c| c.records()).sum::<u64>();
+        whole.then_some(record)
+    }
+
+    /// Link this group's column files into snapshot directory `dir`, as
+    /// columns of `schema`: a column the record has with the same type is
+    /// linked, any other (a metadata column none of the group's caches has,
+    /// new in this set) is stored as nulls. `None` (and nothing linked
+    /// kept) when a file is gone or does not match the record.
+    fn link(
+        self,
+        dir: &Path,
+        schema: &SchemaRef,
+        known: &mut Known,
+    ) -> Result<Option<Vec<PartitionEntry>>> {
+        let from = dir
+            .parent()
+            .unwrap_or(dir)
+            .join(&self.dir)
+            .join(COLUMNS_DIR);
+        let to = dir.join(COLUMNS_DIR);
+        let mut linked: Vec<PathBuf> = Vec::new();
+        let mut out = Vec::with_capacity(self.partitions.len());
+        for part in &self.partitions {
+            let mut columns = Vec::with_capacity(schema.fields().len());
+            for field in schema.fields().iter() {
+                let recorded = self
+                    .schema
+                    .field_with_name(field.name())
+                    .ok()
+                    .filter(|f| {
+                        f.data_type() == field.data_type() && f.is_nullable() == field.is_nullable()
+                    })
+                    .and_then(|_| part.columns.iter().find(|c| c.name == *field.name()));
+                let owned = self.own.iter().flatten().any(|f| f.name() == field.name());
+                let column = match recorded.map(|c| (c, link_file(&from, &to, c, &mut linked))) {
+                    Some((c, Some(()))) => c.clone(),
+                    // a metadata column none of the group's caches has: nulls
+                    None if field.is_nullable() && !owned => {
+                        null_column(dir, field, part.rows, known)?
+                    }
+                    _ => {
+                        for path in &linked {
+                            let _ = std::fs::remove_file(path);
+                        }
+                        return Ok(None);
+                    }
+                };
+                columns.push(column);
+            }
+            out.push(PartitionEntry {
+                rows: part.rows,
+                mass: part.mass,
+                columns,
+            });
+        }
+        known.add(&out);
+        Ok(Some(out))
+    }
+}
+
+/// Link column file `c` (and its chunk table) from `from` into `to` unless
+/// `to` has it; `None` if it is in neither or does not match `c`'s length
+/// and checksum. New links are added to `linked`.
+fn link_file(from: &Path, to: &Path, c: &ColumnEntry, linked: &mut Vec<PathBuf>) -> Option<()> {
+    let (crc, len) = (c.crc?, c.len?);
+    let name = format!("{}.arrow", c.hash);
+    let target = to.join(&name);
+    if !target.exists() {
+        let source = from.join(&name);
+        std::fs::hard_link(&source, &target).ok()?;
+        linked.push(target.clone());
+        let table = ChunkTable::sidecar(&target);
+        if !table.exists() && std::fs::hard_link(ChunkTable::sidecar(&source), &table).is_ok() {
+            linked.push(table);
+        }
+    }
+    // the chunk table bound to the record's length and checksum (made from
+    // the file if it has none; a file that does not match is not taken)
+    ensure_sidecar(&target, len, crc).ok()
+}
+
+/// A column of `rows` nulls of `field`'s type, stored under `dir`.
+fn null_column(dir: &Path, field: &Field, rows: usize, known: &mut Known) -> Result<ColumnEntry> {
+    let array = new_null_array(field.data_type(), rows);
+    let hash = column_hash(field, &array);
+    let schema = Arc::new(Schema::new(vec![field.clone()]));
+    let batch = RecordBatch::try_new(schema, vec![array])?;
+    let (hash, crc, len) = store_columns(dir, &batch, &[hash], known.checksums())?
+        .pop()
+        .expect("one column");
+    Ok(ColumnEntry {
+        hash,
+        name: field.name().clone(),
+        crc: Some(crc),
+        len: Some(len),
+        range: None,
+    })
+}

@@ -67,6 +67,7 @@ KINDS = [
     "shard",
     "attributes",
     "attributes-chunks",
+    "parts-record",
 ]
 
 #: damage -> (kind of damage, offset as a fraction of the length or "rand", xor mask)
@@ -158,6 +159,13 @@ def build_template(root: Path) -> Template:
     assert ds.update_metadata(reweighted) == 2
     for _ in ds.loader(16, seed=1, sampling="replacement"):  # writes the head's alias table
         pass
+    # a cache outside the root's own set (discovery skips `_` names): the
+    # root's caches and it are a new set, whose first population links the
+    # partitions the root's set recorded where its groups are the same
+    drt.build(
+        root / "_extra", [Source("gamma-v1", 9, meta=lambda i: {"label": 20 + i})], progress=False
+    )
+    shutil.rmtree(root / "_extra" / "_snapshots")
 
     manifest = ds.snapshot_path
     snapdir = manifest.parent
@@ -169,6 +177,8 @@ def build_template(root: Path) -> Template:
     assert set(hashes) == {"cache_id", "sample_id", "label", "weight"}, hashes
     assert len(set(hashes.values())) == 4, "the four columns must be four distinct files"
     cache = root / "alpha-v1"
+    alpha = next(c["cache_id"] for c in ds.caches if c["name"] == "alpha-v1")
+    records = (snapdir.parent / "parts").glob("*.parts")
     files = {
         "snapshot-manifest": manifest,
         "tagged-snapshot-manifest": snapdir / "00000001.snapshot",
@@ -189,6 +199,9 @@ def build_template(root: Path) -> Template:
         # read when a dataset's first population is made (see READER)
         "attributes": cache / "attributes.arrow",
         "attributes-chunks": cache / "attributes.arrow.chunks",
+        # the record of the partitions of the group of caches alpha is in
+        # (derived: a damaged one is not used, the group is built again)
+        "parts-record": next(p for p in records if f"cache={alpha}\n" in p.read_text()),
     }
     for kind, path in files.items():
         assert path.is_file(), f"{kind}: {path} is missing from the template"
@@ -272,6 +285,16 @@ def read(case):
     ops["first population"] = outcome(
         lambda: frame_digest(
             drt.open(case["root"], snapshot_dir=case["root"] + ".fresh").get_metadata()
+        )
+    )
+    # a new set of caches: the root's and one more, its snapshots beside the
+    # root's (where the records of the root's groups are)
+    ops["new set"] = outcome(
+        lambda: frame_digest(
+            drt.open(
+                [case["root"], case["root"] + "/_extra/gamma-v1"],
+                snapshot_dir=case["root"] + "/_snapshots",
+            ).get_metadata()
         )
     )
     ops["tagged population"] = outcome(lambda: frame_digest(ds.diff(case["tag"], ds.version)))
@@ -457,8 +480,11 @@ def test_outcome_counts(outcomes):
     # the damage is seen: every file but the derived alias table and chunk
     # tables (each rebuilt or replaced by a whole check) is checked
     for kind in KINDS:
-        if kind not in ("alias", "tag", "column-chunks", "index-chunks", "attributes-chunks"):
+        derived = ("alias", "tag", "column-chunks", "index-chunks", "attributes-chunks")
+        if kind not in (*derived, "parts-record"):
             assert by_kind[kind]["detected"] >= len(DAMAGES) // 2, (kind, by_kind[kind])
+    # a damaged record of partitions is never used: every read is right
+    assert by_kind["parts-record"]["correct"] == len(DAMAGES), by_kind["parts-record"]
 
 
 def run_child(code: str, root: Path) -> str:

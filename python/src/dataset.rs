@@ -192,10 +192,7 @@ impl PyDataset {
         let rows = detach(py, move || -> datasetrt::Result<Vec<u64>> {
             let len = snapshot.epoch_len(sampling, epoch_len)?;
             let sampler = snapshot.sampler(sampling, seed, epoch, len)?;
-            sampler.prepare(start..start + count as u64, datasetrt::threads())?;
-            (start..start + count as u64)
-                .map(|k| sampler.row(k))
-                .collect()
+            sampler.rows(start..start + count as u64, datasetrt::threads())
         })?
         .py()?;
         let schema = Arc::new(Schema::new(vec![Field::new(

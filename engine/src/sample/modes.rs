@@ -272,6 +272,38 @@ impl EpochSampler {
         })
     }
 
+    /// The rows of draws `ks`, on up to `threads` threads (after making
+    /// what they read, see [`EpochSampler::prepare`]): the draws are
+    /// independent, so each thread fills its own run of them.
+    pub fn rows(&self, ks: std::ops::Range<u64>, threads: usize) -> Result<Vec<u64>> {
+        self.prepare(ks.clone(), threads)?;
+        let n = (ks.end - ks.start) as usize;
+        let mut out = vec![0u64; n];
+        // below a few thousand draws a thread costs more than it saves
+        let threads = threads.clamp(1, n.div_ceil(1 << 12).max(1));
+        let per = n.div_ceil(threads).max(1);
+        let fill = |at: usize, slots: &mut [u64]| -> Result<()> {
+            for (i, slot) in slots.iter_mut().enumerate() {
+                *slot = self.row(ks.start + (at + i) as u64)?;
+            }
+            Ok(())
+        };
+        if threads == 1 {
+            fill(0, &mut out)?;
+            return Ok(out);
+        }
+        std::thread::scope(|scope| {
+            let runs: Vec<_> = out
+                .chunks_mut(per)
+                .enumerate()
+                .map(|(i, slots)| scope.spawn(move || fill(i * per, slots)))
+                .collect();
+            runs.into_iter()
+                .try_for_each(|run| run.join().expect("a draw thread panicked"))
+        })?;
+        Ok(out)
+    }
+
     /// Make ahead, on up to `threads` threads, what draws `ks` will read
     /// first: for `Replacement`, the alias tables of the partitions they
     /// land in (a partition's table is otherwise built by the draw that
@@ -297,6 +329,24 @@ mod tests {
 
     fn sampler(sampling: Sampling, w: &[f64], seed: u64, epoch: u64, len: u64) -> EpochSampler {
         EpochSampler::new(sampling, w.len(), &|| Ok(w.into()), None, seed, epoch, len).unwrap()
+    }
+
+    #[test]
+    fn rows_on_threads_are_the_draws_one_by_one() {
+        let w: Vec<f64> = (0..5_000).map(|i| (i % 13) as f64).collect();
+        for sampling in [
+            Sampling::Replacement,
+            Sampling::Permutation,
+            Sampling::Balanced,
+            Sampling::WeightedWithoutReplacement,
+        ] {
+            let s = sampler(sampling, &w, 9, 2, 30_000);
+            let one: Vec<u64> = (7..20_007).map(|k| s.row(k).unwrap()).collect();
+            for threads in [1, 2, 3, 8] {
+                assert_eq!(s.rows(7..20_007, threads).unwrap(), one, "{sampling:?}");
+            }
+            assert!(s.rows(5..5, 2).unwrap().is_empty());
+        }
     }
 
     #[test]

@@ -44,10 +44,7 @@ fn draw_block(
 ) -> DfResult<RecordBatch> {
     let (start, end) = plan.block_range(b);
     // the partitions this block lands in have their tables made together
-    sampler.prepare(start..end, crate::threads())?;
-    let rows = (start..end)
-        .map(|k| sampler.row(k))
-        .collect::<Result<Vec<u64>>>()?;
+    let rows = sampler.rows(start..end, crate::threads())?;
     let identities = rows
         .iter()
         .map(|&r| snapshot.identity(r as usize))

@@ -17,7 +17,10 @@
 //! links those files into its own snapshot directory (hard links: no byte
 //! is read or written) instead of building them again. A record that is
 //! missing, damaged or names files that are gone is ignored: the group is
-//! built from its caches, as it always can be.
+//! built from its caches, as it always can be. A linked file is not read:
+//! one damaged in the set it came from is damaged in the new set too, found
+//! by the chunk checks of the reads that use it (an error naming it, never
+//! wrong rows).
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -44,22 +47,23 @@ const VERSION: u32 = 1;
 /// The manifest version whose partition lines a record uses.
 const MANIFEST_LINES: u32 = 4;
 
-/// The caches of `caches` (sorted by id) grouped as the module says: a
-/// group ends before a cache that would take it past `per` rows, and after
-/// a cache its id chooses (always one of `per / 2` records or more).
-pub fn groups(caches: &[Arc<Cache>], per: usize) -> Vec<Range<usize>> {
+/// Caches given as `(cache_id, records)`, sorted by id, grouped as the
+/// module says: a group ends before a cache that would take it past `per`
+/// rows, and after a cache its id chooses (always one of `per / 2`
+/// records or more).
+pub fn groups(caches: &[(i64, u64)], per: usize) -> Vec<Range<usize>> {
     let per = per.max(1) as u128;
     let mut out = Vec::new();
     let (mut start, mut rows) = (0, 0u128);
-    for (i, cache) in caches.iter().enumerate() {
-        let n = cache.records() as u128;
+    for (i, &(id, records)) in caches.iter().enumerate() {
+        let n = records as u128;
         if i > start && rows + n > per {
             out.push(start..i);
             (start, rows) = (i, 0);
         }
         rows += n;
         // chosen with probability min(1, 2 n / per), from the id alone
-        let h = xxh3_64(&cache.id().to_le_bytes()) as u128;
+        let h = xxh3_64(&id.to_le_bytes()) as u128;
         if 2 * n >= per || h * per < (2 * n) << 64 {
             out.push(start..i + 1);
             (start, rows) = (i + 1, 0);
@@ -81,7 +85,8 @@ pub fn first_population(
 ) -> Result<Vec<PartitionEntry>> {
     let per = per.max(1);
     let records_dir = dir.parent().unwrap_or(dir).join(PARTS_DIR);
-    let groups = groups(caches, per);
+    let sizes: Vec<(i64, u64)> = caches.iter().map(|c| (c.id(), c.records())).collect();
+    let groups = groups(&sizes, per);
     let keys: Vec<String> = groups
         .iter()
         .map(|g| key(&caches[g.clone()], per))
@@ -217,8 +222,9 @@ fn cache_rows(schema: &SchemaRef, cache: &Cache, at: usize, take: usize) -> Resu
 }
 
 /// Build and store the partitions of one group from its caches, a window
-/// of partitions (one per engine thread) at a time, so that what is held
-/// in memory is a few partitions' `cache_id` and `weight` columns.
+/// of partitions (one per engine thread, at most 4) at a time, so that
+/// what is held in memory is a few partitions' `cache_id` and `weight`
+/// columns.
 fn build_group(
     dir: &Path,
     schema: &SchemaRef,
@@ -227,7 +233,7 @@ fn build_group(
     known: &mut Known,
 ) -> Result<Vec<PartitionEntry>> {
     // a multiple of `per`: a window's cut is the group's cut
-    let window = per.saturating_mul(crate::threads().max(1));
+    let window = per.saturating_mul(crate::threads().clamp(1, 4));
     let mut out = Vec::new();
     let mut pending: Vec<RecordBatch> = Vec::new();
     let mut pending_rows = 0;
@@ -376,8 +382,8 @@ impl Record {
     /// Link this group's column files into snapshot directory `dir`, as
     /// columns of `schema`: a column the record has with the same type is
     /// linked, any other (a metadata column none of the group's caches has,
-    /// new in this set) is stored as nulls. `None` (and nothing linked
-    /// kept) when a file is gone or does not match the record.
+    /// new in this set) is stored as nulls. `None` when a file is gone or
+    /// does not match the record.
     fn link(
         self,
         dir: &Path,
@@ -390,7 +396,6 @@ impl Record {
             .join(&self.dir)
             .join(COLUMNS_DIR);
         let to = dir.join(COLUMNS_DIR);
-        let mut linked: Vec<PathBuf> = Vec::new();
         let mut out = Vec::with_capacity(self.partitions.len());
         for part in &self.partitions {
             let mut columns = Vec::with_capacity(schema.fields().len());
@@ -404,18 +409,16 @@ impl Record {
                     })
                     .and_then(|_| part.columns.iter().find(|c| c.name == *field.name()));
                 let owned = self.own.iter().flatten().any(|f| f.name() == field.name());
-                let column = match recorded.map(|c| (c, link_file(&from, &to, c, &mut linked))) {
+                // files linked before a failure stay: named by content, they
+                // are right for any snapshot that names them (another
+                // process's, say), and `cleanup` removes unused ones
+                let column = match recorded.map(|c| (c, link_file(&from, &to, c))) {
                     Some((c, Some(()))) => c.clone(),
                     // a metadata column none of the group's caches has: nulls
                     None if field.is_nullable() && !owned => {
                         null_column(dir, field, part.rows, known)?
                     }
-                    _ => {
-                        for path in &linked {
-                            let _ = std::fs::remove_file(path);
-                        }
-                        return Ok(None);
-                    }
+                    _ => return Ok(None),
                 };
                 columns.push(column);
             }
@@ -431,20 +434,22 @@ impl Record {
 }
 
 /// Link column file `c` (and its chunk table) from `from` into `to` unless
-/// `to` has it; `None` if it is in neither or does not match `c`'s length
-/// and checksum. New links are added to `linked`.
-fn link_file(from: &Path, to: &Path, c: &ColumnEntry, linked: &mut Vec<PathBuf>) -> Option<()> {
+/// `to` has it (another group or process linked or wrote it: the same
+/// content); `None` if it is in neither or does not match `c`'s length and
+/// checksum. The file's bytes are not read: a damaged one is linked as it
+/// is and found by the chunk checks of the reads that use it, as in the set
+/// it came from.
+fn link_file(from: &Path, to: &Path, c: &ColumnEntry) -> Option<()> {
     let (crc, len) = (c.crc?, c.len?);
     let name = format!("{}.arrow", c.hash);
     let target = to.join(&name);
-    if !target.exists() {
-        let source = from.join(&name);
-        std::fs::hard_link(&source, &target).ok()?;
-        linked.push(target.clone());
-        let table = ChunkTable::sidecar(&target);
-        if !table.exists() && std::fs::hard_link(ChunkTable::sidecar(&source), &table).is_ok() {
-            linked.push(table);
+    let source = from.join(&name);
+    match std::fs::hard_link(&source, &target) {
+        Ok(()) => {
+            let _ = std::fs::hard_link(ChunkTable::sidecar(&source), ChunkTable::sidecar(&target));
         }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(_) => return None,
     }
     // the chunk table bound to the record's length and checksum (made from
     // the file if it has none; a file that does not match is not taken)
@@ -467,4 +472,83 @@ fn null_column(dir: &Path, field: &Field, rows: usize, known: &mut Known) -> Res
         len: Some(len),
         range: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` caches of random ids (from `seed`) and up to `most` records.
+    fn caches(seed: u64, n: usize, most: u64) -> Vec<(i64, u64)> {
+        let mut x = seed;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut out: Vec<(i64, u64)> = (0..n)
+            .map(|_| ((next() >> 11) as i64, next() % (most + 1)))
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn groups_hold_at_most_a_partition_unless_one_large_cache() {
+        for seed in 1..50 {
+            let set = caches(seed, 200, 3_000);
+            let cut = groups(&set, 4_096);
+            assert_eq!(cut.first().map(|g| g.start), Some(0));
+            assert_eq!(cut.last().map(|g| g.end), Some(set.len()));
+            assert!(cut.windows(2).all(|w| w[0].end == w[1].start));
+            for g in &cut {
+                let rows: u64 = set[g.clone()].iter().map(|c| c.1).sum();
+                assert!(rows <= 4_096 || g.len() == 1, "{g:?}: {rows} rows");
+                // a cache of half a partition or more ends its group
+                for cache in &set[g.start..g.end - 1] {
+                    assert!(2 * cache.1 < 4_096, "{cache:?} inside {g:?}");
+                }
+            }
+            // several caches share groups: small caches are gathered
+            assert!(cut.iter().any(|g| g.len() > 1), "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn a_cache_added_changes_only_the_groups_up_to_the_next_chosen_end() {
+        for seed in 1..200 {
+            let mut set = caches(seed, 60, 1_000);
+            let before = groups(&set, 4_096);
+            let added = caches(seed + 1_000, 1, 1_000)[0];
+            let at = set.partition_point(|c| c < &added);
+            set.insert(at, added);
+            let after = groups(&set, 4_096);
+            // as sets of caches: the groups that do not hold the new cache
+            let members = |cut: &[Range<usize>], set: &[(i64, u64)]| -> Vec<Vec<i64>> {
+                cut.iter()
+                    .map(|g| set[g.clone()].iter().map(|c| c.0).collect())
+                    .collect()
+            };
+            let old = members(
+                &before,
+                &set.iter()
+                    .filter(|c| **c != added)
+                    .copied()
+                    .collect::<Vec<_>>(),
+            );
+            let new = members(&after, &set);
+            let kept = new.iter().filter(|g| old.contains(g)).count();
+            // the new cache's group differs; so may those after it up to the
+            // next cache chosen by its id: on average few, never all
+            assert!(
+                kept + 6 >= new.len(),
+                "seed {seed}: {kept} of {} kept",
+                new.len()
+            );
+            // every group before the new cache's is as it was
+            let first = after.iter().position(|g| g.contains(&at)).unwrap();
+            assert_eq!(new[..first], old[..first], "seed {seed}");
+        }
+    }
 }

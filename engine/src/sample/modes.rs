@@ -277,7 +277,7 @@ impl EpochSampler {
     /// independent, so each thread fills its own run of them.
     pub fn rows(&self, ks: std::ops::Range<u64>, threads: usize) -> Result<Vec<u64>> {
         self.prepare(ks.clone(), threads)?;
-        let n = (ks.end - ks.start) as usize;
+        let n = ks.end.saturating_sub(ks.start) as usize;
         let mut out = vec![0u64; n];
         // below a few thousand draws a thread costs more than it saves
         let threads = threads.clamp(1, n.div_ceil(1 << 12).max(1));
@@ -312,7 +312,9 @@ impl EpochSampler {
         match &self.kind {
             // many draws land in nearly every partition: make those tables
             // rather than hash every draw twice to find them
-            Kind::Replacement(alias) if ks.end - ks.start >= 64 * alias.num_partitions() as u64 => {
+            Kind::Replacement(alias)
+                if ks.end.saturating_sub(ks.start) >= 64 * alias.num_partitions() as u64 =>
+            {
                 alias.prepare_all(threads)
             }
             Kind::Replacement(alias) => {

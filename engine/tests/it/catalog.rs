@@ -1,5 +1,6 @@
 //! Snapshots: the population changes, stored payloads never do.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, Float64Array, Int64Array, RecordBatch};
@@ -396,8 +397,9 @@ fn a_partitioned_snapshot_reads_as_one_population() {
         .collect();
     assert_eq!(rows, cut);
     assert_eq!(crate::whole(&one).unwrap(), crate::whole(&four).unwrap());
-    // a partition's file holds its rows only (cut from one batch of all 15;
-    // values are padded to 64 bytes, so 4 and 15 Int64s differ by 64)
+    // a partition's file holds its rows only (4 of a cache's rows, against
+    // all 15 in one file; values are padded to 64 bytes, so 4 and 15 Int64s
+    // differ by 64)
     let sample_file = |m: &datasetrt::catalog::Manifest| {
         m.partitions[0]
             .columns
@@ -920,56 +922,95 @@ fn a_root_that_gains_a_cache_links_the_partitions_of_the_others() {
     assert_eq!(got.fingerprint(), want.fingerprint());
     assert_eq!(got.num_rows(), 21);
     // every column of a's and b's partitions but the new one is the first
-    // set's file, linked (the same inode): not read, not written again
+    // set's file, linked (the same inode): not read, not written again;
+    // unless the new cache's partitions hold an equal column (its first
+    // sample ids, its weights), stored first by whichever group came first
     let after = read_manifest(grown.snapshot_dir(), 0).unwrap();
-    let old: std::collections::HashSet<&str> = before.columns().map(|c| c.hash.as_str()).collect();
-    let ids: std::collections::HashSet<i64> = first.caches().iter().map(|c| c.id()).collect();
-    let mut linked = 0;
-    for (i, part) in after.partitions.iter().enumerate() {
-        let cache_id = got.partition_columns(i, &[0]).unwrap()[0]
+    let old: HashSet<&str> = before.columns().map(|c| c.hash.as_str()).collect();
+    let ids: HashSet<i64> = first.caches().iter().map(|c| c.id()).collect();
+    let cache_of = |ds: &Dataset, i: usize| {
+        ds.snapshot().partition_columns(i, &[0]).unwrap()[0]
             .as_primitive::<Int64Type>()
-            .value(0);
+            .value(0)
+    };
+    let of_c: HashSet<&str> = after
+        .partitions
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| !ids.contains(&cache_of(&grown, i)))
+        .flat_map(|(_, p)| p.columns.iter().map(|c| c.hash.as_str()))
+        .collect();
+    let mut linked_ids = 0;
+    for (i, part) in after.partitions.iter().enumerate() {
+        let ours = ids.contains(&cache_of(&grown, i));
         for column in &part.columns {
-            let from_first = ids.contains(&cache_id) && column.name != "score";
+            let from_first = ours && column.name != "score";
             if column.name == "cache_id" || column.name == "score" {
                 assert_eq!(old.contains(column.hash.as_str()), from_first);
             }
             if from_first {
                 assert!(old.contains(column.hash.as_str()), "{}", column.name);
-                assert_eq!(
-                    column_inode(&grown, &column.hash),
-                    column_inode(&first, &column.hash)
+                let same = column_inode(&grown, &column.hash) == column_inode(&first, &column.hash);
+                assert!(
+                    same || of_c.contains(column.hash.as_str()),
+                    "{}",
+                    column.name
                 );
-                linked += 1;
+                linked_ids += usize::from(column.name == "cache_id" && same);
             }
         }
     }
-    assert_eq!(linked, 5 * 5, "5 partitions of a and b, 5 columns each");
+    assert_eq!(linked_ids, 5, "a's and b's 5 partitions' cache ids, linked");
 
-    // the files a record names are gone (both sets' directories removed)
-    // or the records are damaged: the next set builds what it cannot link
-    std::fs::remove_dir_all(first.snapshot_dir()).unwrap();
-    std::fs::remove_dir_all(grown.snapshot_dir()).unwrap();
+    // a damaged record is not used: its group is built again (new files),
+    // the others are linked from the set that recorded them last
     write_cache(dir.path(), "d", 3, WriterOptions::default());
     let records = dir.path().join("_snapshots").join("parts");
+    let (a, b) = (first.caches()[0].id(), first.caches()[1].id());
     let mut damaged = 0;
     for record in std::fs::read_dir(&records).unwrap() {
         let path = record.unwrap().path();
-        if damaged % 2 == 0 {
-            let mut bytes = std::fs::read(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        if text.contains(&format!("cache={a}\n")) {
+            let mut bytes = text.into_bytes();
             let last = bytes.len() - 2;
             bytes[last] ^= 1;
             std::fs::write(&path, bytes).unwrap();
+            damaged += 1;
         }
-        damaged += 1;
     }
-    assert!(damaged >= 3, "a record per group: {damaged}");
+    assert_eq!(damaged, 1, "one record names cache a");
     let again = Dataset::open(&[dir.path().to_path_buf()], options(None)).unwrap();
     let base = tempfile::tempdir().unwrap();
     let fresh = Dataset::open(&[dir.path().to_path_buf()], options(Some(base.path()))).unwrap();
     let (got, want) = (again.snapshot(), fresh.snapshot());
     assert_eq!(crate::whole(&got).unwrap(), crate::whole(&want).unwrap());
     assert_eq!(got.num_rows(), 24);
+    let manifest = read_manifest(again.snapshot_dir(), 0).unwrap();
+    for (i, part) in manifest.partitions.iter().enumerate() {
+        let cache = cache_of(&again, i);
+        if cache == a || cache == b {
+            let ids = &part.columns[0].hash;
+            let same = column_inode(&again, ids) == column_inode(&grown, ids);
+            assert_eq!(
+                same,
+                cache == b,
+                "cache {cache}: linked only where its record is whole"
+            );
+        }
+    }
+
+    // the files the records name are gone: every group is built again
+    for ds in [&first, &grown, &again] {
+        std::fs::remove_dir_all(ds.snapshot_dir()).unwrap();
+    }
+    write_cache(dir.path(), "e", 2, WriterOptions::default());
+    let again = Dataset::open(&[dir.path().to_path_buf()], options(None)).unwrap();
+    let base = tempfile::tempdir().unwrap();
+    let fresh = Dataset::open(&[dir.path().to_path_buf()], options(Some(base.path()))).unwrap();
+    let (got, want) = (again.snapshot(), fresh.snapshot());
+    assert_eq!(crate::whole(&got).unwrap(), crate::whole(&want).unwrap());
+    assert_eq!(got.num_rows(), 26);
     let problems = again.verify(&|_, _| {});
     assert!(problems.is_empty(), "{problems:?}");
 }

@@ -105,7 +105,7 @@ def main() -> None:
             f"(a new reader opens it: {remap * 1e3:.1f} ms){verdict(big, build <= 2, '<= 2 s')}"
         )
         print(f"  floor: touching {rows * 12 / 2**20:,.0f} MiB of fresh memory takes {touch:.3f} s")
-        print(f"weighted draws, ours       {ours_rate:14,.0f}/s")
+        print(f"weighted draws, ours       {ours_rate:14,.0f}/s (on the engine's threads)")
         ratio = ours_rate / numpy_rate
         print(
             f"numpy choice(p=)           {numpy_rate:14,.0f}/s   ours/numpy {ratio:6.1f}x"

@@ -200,13 +200,15 @@ impl Dataset {
         let snapshot = match commit::current(&snapshot_dir, &numbers)? {
             Some(n) => Snapshot::open(&snapshot_dir, n)?,
             None => {
-                // its column files stored (or linked) before the lock: named
-                // by content, they are the same whichever process stores them
-                let initial = assemble::first_population(&snapshot_dir, &caches, partition_rows)?;
+                // made under the lock: the processes of a job that open a
+                // new set at once wait for the first to make it, rather than
+                // each writing (and reading back) every column file
                 let guard = commit::lock(&snapshot_dir)?;
                 let number = match commit::read_head(&snapshot_dir)? {
                     Some(n) => n, // another process created it meanwhile
                     None => {
+                        let initial =
+                            assemble::first_population(&snapshot_dir, &caches, partition_rows)?;
                         let n = snapshot::write_manifest(
                             &snapshot_dir,
                             &initial,

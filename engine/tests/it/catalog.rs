@@ -910,17 +910,23 @@ fn a_root_that_gains_a_cache_links_the_partitions_of_the_others() {
     };
     let first = Dataset::open(&[dir.path().to_path_buf()], options(None)).unwrap();
     let before = read_manifest(first.snapshot_dir(), 0).unwrap();
+    // the root opened again, checked against the same set opened under a
+    // snapshot base of its own (no records: every group built)
+    let open_checked = |rows: usize| -> Dataset {
+        let ds = Dataset::open(&[dir.path().to_path_buf()], options(None)).unwrap();
+        let base = tempfile::tempdir().unwrap();
+        let fresh = Dataset::open(&[dir.path().to_path_buf()], options(Some(base.path()))).unwrap();
+        let (got, want) = (ds.snapshot(), fresh.snapshot());
+        assert_eq!(crate::whole(&got).unwrap(), crate::whole(&want).unwrap());
+        assert_eq!(got.fingerprint(), want.fingerprint());
+        assert_eq!(got.num_rows(), rows);
+        ds
+    };
+
     // a new source, with a metadata column the others do not have
     write_scored_cache(dir.path(), "c", 6);
-    let grown = Dataset::open(&[dir.path().to_path_buf()], options(None)).unwrap();
+    let grown = open_checked(21);
     assert_ne!(grown.snapshot_dir(), first.snapshot_dir());
-    // the population a set of caches opened for the first time gets
-    let base = tempfile::tempdir().unwrap();
-    let fresh = Dataset::open(&[dir.path().to_path_buf()], options(Some(base.path()))).unwrap();
-    let (got, want) = (grown.snapshot(), fresh.snapshot());
-    assert_eq!(crate::whole(&got).unwrap(), crate::whole(&want).unwrap());
-    assert_eq!(got.fingerprint(), want.fingerprint());
-    assert_eq!(got.num_rows(), 21);
     // every column of a's and b's partitions but the new one is the first
     // set's file, linked (the same inode): not read, not written again;
     // unless the new cache's partitions hold an equal column (its first
@@ -980,12 +986,7 @@ fn a_root_that_gains_a_cache_links_the_partitions_of_the_others() {
         }
     }
     assert_eq!(damaged, 1, "one record names cache a");
-    let again = Dataset::open(&[dir.path().to_path_buf()], options(None)).unwrap();
-    let base = tempfile::tempdir().unwrap();
-    let fresh = Dataset::open(&[dir.path().to_path_buf()], options(Some(base.path()))).unwrap();
-    let (got, want) = (again.snapshot(), fresh.snapshot());
-    assert_eq!(crate::whole(&got).unwrap(), crate::whole(&want).unwrap());
-    assert_eq!(got.num_rows(), 24);
+    let again = open_checked(24);
     let manifest = read_manifest(again.snapshot_dir(), 0).unwrap();
     for (i, part) in manifest.partitions.iter().enumerate() {
         let cache = cache_of(&again, i);
@@ -1005,12 +1006,49 @@ fn a_root_that_gains_a_cache_links_the_partitions_of_the_others() {
         std::fs::remove_dir_all(ds.snapshot_dir()).unwrap();
     }
     write_cache(dir.path(), "e", 2, WriterOptions::default());
-    let again = Dataset::open(&[dir.path().to_path_buf()], options(None)).unwrap();
-    let base = tempfile::tempdir().unwrap();
-    let fresh = Dataset::open(&[dir.path().to_path_buf()], options(Some(base.path()))).unwrap();
-    let (got, want) = (again.snapshot(), fresh.snapshot());
-    assert_eq!(crate::whole(&got).unwrap(), crate::whole(&want).unwrap());
-    assert_eq!(got.num_rows(), 26);
+    let again = open_checked(26);
     let problems = again.verify(&|_, _| {});
     assert!(problems.is_empty(), "{problems:?}");
+}
+
+#[test]
+fn processes_opening_a_new_set_at_once_make_one_first_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, n) in [("a", 9), ("b", 5), ("c", 2)] {
+        write_cache(dir.path(), name, n, WriterOptions::default());
+    }
+    let open = || {
+        let options = OpenOptions {
+            partition_rows: Some(4),
+            ..Default::default()
+        };
+        Dataset::open(&[dir.path().to_path_buf()], options).unwrap()
+    };
+    let barrier = std::sync::Barrier::new(4);
+    let opened: Vec<Dataset> = std::thread::scope(|scope| {
+        let runs: Vec<_> = (0..4)
+            .map(|_| {
+                scope.spawn(|| {
+                    barrier.wait();
+                    open()
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    let first = opened[0].snapshot();
+    for ds in &opened {
+        assert_eq!(ds.snapshot().number(), 0);
+        assert_eq!(ds.snapshot().fingerprint(), first.fingerprint());
+    }
+    assert_eq!(opened[0].snapshot_numbers().unwrap(), vec![0]);
+    assert_eq!(first.num_rows(), 16);
+    // nothing half-written is left beside the columns
+    let columns = opened[0].snapshot_dir().join("columns");
+    let leftovers: Vec<_> = std::fs::read_dir(&columns)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
 }

@@ -316,6 +316,27 @@ def test_build_in_processes_writes_what_one_process_writes(tmp_path):
     assert os.getpid() not in set(many.get_metadata()["pid"].to_list())
 
 
+def test_build_processes_partition_their_caches_and_the_first_open_links_them(
+    tmp_path, monkeypatch
+):
+    """A cache of half a partition's rows or more is a group of its own in
+    every set of caches: the build process that wrote it writes its
+    partitions too, and the first open links them instead of writing them."""
+    monkeypatch.setenv("DATASETRT_PARTITION_ROWS", "16")
+    sources = [Squares(f"sq-{k}-v1", 20 + k) for k in range(3)] + [Squares("small-v1", 3)]
+    ds = drt.build(tmp_path, sources, processes=2, progress=False)
+    parts = tmp_path / "_snapshots" / "parts" / "columns"
+    prepared = {p.name: p.stat().st_ino for p in parts.glob("*.arrow")}
+    assert len(prepared) >= 3 * 5, prepared  # cache_id of each partition, ...
+    linked = {
+        p.name: p.stat().st_ino for p in (ds.snapshot_path.parent / "columns").glob("*.arrow")
+    }
+    assert {n: linked.get(n) for n in prepared} == prepared
+    fresh = drt.open(tmp_path, snapshot_dir=tmp_path / "elsewhere")
+    assert ds.fingerprint == fresh.fingerprint
+    assert ds.get_metadata().equals(fresh.get_metadata())
+
+
 def test_a_failed_source_in_a_build_process_is_raised_here_and_build_again_writes_the_rest(
     tmp_path,
 ):

@@ -118,7 +118,11 @@ def build(
     cache when it is done, the native threads (``threads``, by default the
     cores) shared between them. A source that fails raises its error here;
     the caches already published stay, so calling ``build`` again writes
-    only the rest.
+    only the rest. A cache of half a partition's rows or more
+    (``$DATASETRT_PARTITION_ROWS``, default 4,194,304) also gets the
+    partitions of its first snapshot from the process that wrote it, beside
+    the snapshots (``snapshot_dir``): the first ``open`` links them, so
+    caches built in parallel are partitioned in parallel.
     """
     sources = list(sources)
     if not sources:
@@ -139,6 +143,7 @@ def build(
         processes=processes,
         upload=None if url is None else (url, options, staging_dir),
         progress=progress,
+        snapshot_dir=None if snapshot_dir is None else os.fspath(snapshot_dir),
         codec=codec,
         level=level,
         shard_bytes=shard_bytes,

@@ -233,15 +233,21 @@ def build_sources(
     processes: int,
     upload: tuple[str, list[tuple[str, str]] | None, str | None] | None,
     progress: bool,
+    snapshot_dir: str | None = None,
     **options: Any,
 ) -> None:
     """Cache each ``(name, source)`` under ``local`` (and upload it, when
     ``upload`` is ``(url, storage options, staging dir)``) unless it is
     there already; ``processes`` > 1 writes them in that many spawned
-    processes, each cache published as it finishes."""
+    processes, each cache published as it finishes. A local cache large
+    enough to be partitions of its own gets them where ``snapshot_dir``
+    (default ``<local>/_snapshots``) keeps snapshots, built by the process
+    that wrote it: the first ``open`` links them."""
     if processes == 1:
         for name, source in sources:
-            build_source(local, name, source, upload, progress=progress, **options)
+            build_source(
+                local, name, source, upload, progress=progress, snapshot_dir=snapshot_dir, **options
+            )
         return
     for name, source in sources:
         try:
@@ -269,7 +275,16 @@ def build_sources(
     )
     try:
         jobs = [
-            pool.submit(build_source, local, name, source, upload, progress=False, **options)
+            pool.submit(
+                build_source,
+                local,
+                name,
+                source,
+                upload,
+                progress=False,
+                snapshot_dir=snapshot_dir,
+                **options,
+            )
             for name, source in sources
         ]
         for job in as_completed(jobs):
@@ -292,12 +307,16 @@ def build_source(
     upload: tuple[str, list[tuple[str, str]] | None, str | None] | None,
     *,
     progress: bool,
+    snapshot_dir: str | None = None,
     **options: Any,
 ) -> str:
     """Cache one source under ``local`` unless it is published there; upload
-    it when ``upload`` says where."""
+    it when ``upload`` says where, else give it its partitions (see
+    :func:`build_sources`)."""
     if not _native.is_cache_dir(local / name):
         write_source(local, name, source, progress=progress, **options)
+        if upload is None:
+            _native.prepare_partitions(local / name, snapshot_dir)
     if upload is not None:  # every record is checked before the upload
         url, storage_options, staging_dir = upload
         _native.publish_staged(url, name, storage_options, staging_dir)

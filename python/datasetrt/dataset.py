@@ -142,7 +142,8 @@ class Dataset:
 
     @property
     def fingerprint(self) -> str:
-        """Content fingerprint of the active population (log it with a training run)."""
+        """Content fingerprint of the active population (log it with a training
+        run): equal populations stored in equal partitions have equal ones."""
         return self._native.fingerprint
 
     @property

@@ -44,6 +44,22 @@ fn is_cache_dir(path: std::path::PathBuf) -> bool {
     datasetrt::store::Cache::is_cache_dir(&path)
 }
 
+/// Build the partitions a first snapshot will link for the cache at
+/// `cache_dir`, if it is a group of its own (see the engine's
+/// `catalog::prepare_partitions`); whether it is.
+#[pyfunction]
+#[pyo3(signature = (cache_dir, snapshot_dir=None))]
+fn prepare_partitions(
+    py: Python<'_>,
+    cache_dir: std::path::PathBuf,
+    snapshot_dir: Option<std::path::PathBuf>,
+) -> PyResult<bool> {
+    runtime::detach(py, move || {
+        datasetrt::catalog::prepare_partitions(&cache_dir, snapshot_dir.as_deref(), None)
+    })?
+    .py()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -62,6 +78,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_source_name, m)?)?;
     m.add_function(wrap_pyfunction!(check_column_name, m)?)?;
     m.add_function(wrap_pyfunction!(is_cache_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(prepare_partitions, m)?)?;
     m.add_function(wrap_pyfunction!(spec::_loader_spec, m)?)?;
     m.add_function(wrap_pyfunction!(remote::staging_root, m)?)?;
     m.add_function(wrap_pyfunction!(remote::publish_staged, m)?)?;

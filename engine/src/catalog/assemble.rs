@@ -49,15 +49,16 @@ const MANIFEST_LINES: u32 = 4;
 
 /// Caches given as `(cache_id, records)`, sorted by id, grouped as the
 /// module says: a group ends before a cache that would take it past `per`
-/// rows, and after a cache its id chooses (always one of `per / 2`
-/// records or more).
+/// rows or that has `per / 2` records or more (such a cache is a group of
+/// its own in every set: see [`prepare`]), and after a cache its id
+/// chooses (always one of `per / 2` records or more).
 pub fn groups(caches: &[(i64, u64)], per: usize) -> Vec<Range<usize>> {
     let per = per.max(1) as u128;
     let mut out = Vec::new();
     let (mut start, mut rows) = (0, 0u128);
     for (i, &(id, records)) in caches.iter().enumerate() {
         let n = records as u128;
-        if i > start && rows + n > per {
+        if i > start && (rows + n > per || 2 * n >= per) {
             out.push(start..i);
             (start, rows) = (i, 0);
         }
@@ -145,6 +146,72 @@ pub fn first_population(
         partitions.extend(record.partitions);
     }
     Ok(partitions)
+}
+
+/// For a cache of `per / 2` records or more (a group of its own in every
+/// set of caches that holds it), store its partitions as snapshot 0 of any
+/// such set would, and their record, beside the snapshot directories in
+/// `base` (`parts/columns/`, `parts/<key>.parts`): the first `open` of a
+/// set then links them instead of writing them. Called by the process that
+/// built the cache, so that caches built in parallel are partitioned in
+/// parallel. `false` for a smaller cache (its group depends on the caches
+/// beside it); nothing is written again for a cache prepared before.
+pub fn prepare(base: &Path, cache: &Arc<Cache>, per: usize) -> Result<bool> {
+    let per = per.max(1);
+    if 2 * cache.records() < per as u64 {
+        return Ok(false);
+    }
+    let records_dir = base.join(PARTS_DIR);
+    let members = std::slice::from_ref(cache);
+    let key = key(members, per);
+    if Record::load(&records_dir, &key, members).is_some() {
+        return Ok(true);
+    }
+    let schema = cache.attributes()?.schema();
+    let own = vec![schema
+        .fields()
+        .iter()
+        .skip(1)
+        .map(|f| f.as_ref().clone())
+        .collect()];
+    let schema = union_schema(members, &own)?;
+    std::fs::create_dir_all(records_dir.join(COLUMNS_DIR)).map_err(Error::io(&records_dir))?;
+    let partitions = build_group(&records_dir, &schema, members, per, &mut Known::default())?;
+    let record = Record {
+        dir: PARTS_DIR.to_string(),
+        own,
+        schema,
+        partitions,
+    };
+    record.save(&records_dir, &key, members)?;
+    Ok(true)
+}
+
+/// Remove the column files `prepare` stored under `base` that no snapshot
+/// directory links any more (one link left: their own), with their chunk
+/// tables; returns their names. A set that would have linked one builds it
+/// again.
+pub fn remove_unlinked(base: &Path) -> Result<Vec<String>> {
+    use std::os::unix::fs::MetadataExt;
+    let columns = base.join(PARTS_DIR).join(COLUMNS_DIR);
+    let mut removed = Vec::new();
+    let Ok(entries) = std::fs::read_dir(&columns) else {
+        return Ok(removed);
+    };
+    for entry in entries {
+        let entry = entry.map_err(Error::io(&columns))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || !name.ends_with(".arrow") {
+            continue;
+        }
+        let path = entry.path();
+        if std::fs::metadata(&path).map_err(Error::io(&path))?.nlink() == 1 {
+            std::fs::remove_file(&path).map_err(Error::io(&path))?;
+            let _ = std::fs::remove_file(ChunkTable::sidecar(&path));
+            removed.push(name);
+        }
+    }
+    Ok(removed)
 }
 
 /// Name of a group's record: its caches (id, records and the checksums of
@@ -505,9 +572,11 @@ mod tests {
             for g in &cut {
                 let rows: u64 = set[g.clone()].iter().map(|c| c.1).sum();
                 assert!(rows <= 4_096 || g.len() == 1, "{g:?}: {rows} rows");
-                // a cache of half a partition or more ends its group
-                for cache in &set[g.start..g.end - 1] {
-                    assert!(2 * cache.1 < 4_096, "{cache:?} inside {g:?}");
+                // a cache of half a partition or more is a group of its own
+                if g.len() > 1 {
+                    for cache in &set[g.clone()] {
+                        assert!(2 * cache.1 < 4_096, "{cache:?} in {g:?}");
+                    }
                 }
             }
             // several caches share groups: small caches are gathered

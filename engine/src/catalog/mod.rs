@@ -103,6 +103,30 @@ fn discover(path: &Path) -> Result<Vec<PathBuf>> {
     Ok(found)
 }
 
+/// Build the partitions snapshot 0 of any set holding the cache at
+/// `cache_dir` will link, when it is large enough to be a group of its own
+/// (`per / 2` records or more; `false` otherwise), beside the snapshot
+/// directories under `snapshot_dir` (default: `<root>/_snapshots`, as
+/// [`Dataset::open`] has it). `build` calls it in the process that wrote
+/// the cache, so caches built in parallel are partitioned in parallel.
+pub fn prepare_partitions(
+    cache_dir: &Path,
+    snapshot_dir: Option<&Path>,
+    partition_rows: Option<usize>,
+) -> Result<bool> {
+    let cache = Arc::new(Cache::open(cache_dir)?);
+    let base = match snapshot_dir {
+        Some(dir) => dir.to_path_buf(),
+        None => cache
+            .dir()
+            .parent()
+            .map(|p| p.join(SNAPSHOTS_DIR))
+            .unwrap_or_else(|| PathBuf::from(SNAPSHOTS_DIR)),
+    };
+    let per = partition_rows.unwrap_or_else(snapshot::default_partition_rows);
+    assemble::prepare(&base, &cache, per)
+}
+
 /// FNV-1a, for a short stable name of a set of caches.
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
@@ -482,7 +506,9 @@ impl Dataset {
 
     /// Delete every snapshot except the newest `keep`, the tagged ones, the
     /// head and the active one, then every column and alias file no
-    /// remaining snapshot uses. Returns the deleted snapshot numbers. Holds
+    /// remaining snapshot uses, and the partitions built with caches
+    /// (`prepare_partitions`) that no snapshot directory beside this one
+    /// links. Returns the deleted snapshot numbers. Holds
     /// the commit lock, so no commit of this dataset runs meanwhile.
     pub fn cleanup(&self, keep: usize) -> Result<Vec<u64>> {
         self.cleanup_with(keep, false)
@@ -529,10 +555,17 @@ impl Dataset {
                 deleted.push(format!("{}/{name}", snapshot::COLUMNS_DIR));
             }
         }
+        // the partitions built with their caches (`assemble::prepare`)
+        // that no snapshot directory links any more
+        let prepared = match self.snapshot_dir.parent() {
+            Some(base) => assemble::remove_unlinked(base)?,
+            None => Vec::new(),
+        };
         // the host's records of verified columns go with their columns
         let gone: std::collections::HashSet<&str> = deleted
             .iter()
             .filter_map(|d| d.strip_prefix(snapshot::COLUMNS_DIR)?.strip_prefix('/'))
+            .chain(prepared.iter().map(String::as_str))
             .filter_map(|name| name.strip_suffix(".arrow"))
             .collect();
         if let Some(Ok(records)) = crate::store::chunks::verified_dir().map(std::fs::read_dir) {

@@ -607,7 +607,9 @@ pub struct Partitioned {
 }
 
 impl Partitioned {
-    /// Cut `batches` (of `schema`) into partitions of `per` rows (the last
+    /// Cut `batches` (of `schema`) into partitions: when they hold no more
+    /// rows than `known` (the active snapshot), as many rows as each of its
+    /// partitions has, in order; then, or else, `per` rows each (the last
     /// may be shorter). A partition cut from one batch keeps views of its
     /// fixed-width arrays (hashed and written from the range they cover);
     /// its other arrays, and every array of a partition cut from several
@@ -625,6 +627,19 @@ impl Partitioned {
         known: Option<&Snapshot>,
     ) -> Result<Partitioned> {
         let per = per.max(1);
+        // a population no larger than `known` (a reweight, a filter) is cut
+        // as `known` is, then in partitions of `per` rows: a reweight then
+        // shares every partition's other columns, and a filter those before
+        // its first removed row, whatever cut snapshot 0's groups of caches
+        // made; a larger one is cut every `per` rows
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        let cut: Vec<usize> = match known {
+            Some(s) if rows <= s.num_rows() => (0..s.num_partitions())
+                .map(|p| s.partition_rows(p))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let target = |part: usize| cut.get(part).copied().unwrap_or(per).max(1);
         let mut parts = Vec::new();
         // the pieces of the partition being cut, and whether the one piece
         // is a whole batch as given
@@ -643,6 +658,7 @@ impl Partitioned {
         for batch in batches {
             let mut at = 0;
             while at < batch.num_rows() {
+                let per = target(parts.len());
                 let take = (per - pending_rows).min(batch.num_rows() - at);
                 whole = pending.is_empty() && take == batch.num_rows();
                 pending.push(batch.slice(at, take));

@@ -1052,3 +1052,75 @@ fn processes_opening_a_new_set_at_once_make_one_first_snapshot() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// The `.arrow` files of `dir` with their inodes and link counts.
+fn arrow_files(dir: &std::path::Path) -> std::collections::BTreeMap<String, (u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .map(|e| e.unwrap())
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".arrow"))
+                .map(|e| {
+                    let m = e.metadata().unwrap();
+                    (
+                        e.file_name().to_string_lossy().into_owned(),
+                        (m.ino(), m.nlink()),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_cache_partitioned_when_built_is_linked_by_the_first_open() {
+    use datasetrt::catalog::prepare_partitions;
+    let dir = tempfile::tempdir().unwrap();
+    write_cache(dir.path(), "big", 10, WriterOptions::default());
+    write_cache(dir.path(), "small", 1, WriterOptions::default());
+    let (big, small) = (dir.path().join("big"), dir.path().join("small"));
+    // half a partition or more: a group of its own in every set
+    assert!(prepare_partitions(&big, None, Some(4)).unwrap());
+    assert!(!prepare_partitions(&small, None, Some(4)).unwrap());
+    let parts = dir.path().join("_snapshots").join("parts").join("columns");
+    let prepared = arrow_files(&parts);
+    assert!(prepared.len() >= 5, "{prepared:?}");
+    // prepared once: a second call writes nothing
+    assert!(prepare_partitions(&big, None, Some(4)).unwrap());
+    assert_eq!(arrow_files(&parts), prepared);
+
+    let options = |base: Option<&std::path::Path>| OpenOptions {
+        snapshot_dir: base.map(|b| b.to_path_buf()),
+        partition_rows: Some(4),
+        ..Default::default()
+    };
+    let ds = Dataset::open(&[dir.path().to_path_buf()], options(None)).unwrap();
+    let base = tempfile::tempdir().unwrap();
+    let fresh = Dataset::open(&[dir.path().to_path_buf()], options(Some(base.path()))).unwrap();
+    let (got, want) = (ds.snapshot(), fresh.snapshot());
+    assert_eq!(crate::whole(&got).unwrap(), crate::whole(&want).unwrap());
+    assert_eq!(got.fingerprint(), want.fingerprint());
+    // every prepared file is in the snapshot, linked: the open wrote none
+    let linked = arrow_files(&ds.snapshot_dir().join("columns"));
+    for (name, (inode, _)) in &prepared {
+        assert_eq!(linked.get(name).map(|f| f.0), Some(*inode), "{name}");
+    }
+
+    // cleanup removes the prepared files no snapshot directory links
+    let (ids, samples): (Vec<i64>, Vec<i64>) = ds
+        .snapshot()
+        .identities()
+        .unwrap()
+        .iter()
+        .flat_map(|(c, s)| c.iter().copied().zip(s.iter().copied()))
+        .unzip();
+    let n = ids.len();
+    let batch = frame(ids, samples, vec![2.0; n]);
+    ds.update(&batch.schema(), &[batch], "reweight", None, false)
+        .unwrap();
+    ds.cleanup(1).unwrap();
+    let left = arrow_files(&parts);
+    assert!(left.len() < prepared.len(), "{left:?}");
+    assert!(left.values().all(|&(_, links)| links >= 2), "{left:?}");
+}

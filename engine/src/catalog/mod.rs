@@ -216,6 +216,8 @@ impl Dataset {
         fs::remove_stale_temps(&snapshot_dir);
         fs::remove_stale_temps(&snapshot_dir.join(snapshot::COLUMNS_DIR));
         fs::remove_stale_temps(&snapshot_dir.join(TAGS_DIR));
+        fs::remove_stale_temps(&base.join(assemble::PARTS_DIR));
+        fs::remove_stale_temps(&base.join(assemble::PARTS_DIR).join(snapshot::COLUMNS_DIR));
 
         if let Some(m) = &mirror {
             m.pull(&snapshot_dir)?;

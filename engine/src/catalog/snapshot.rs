@@ -608,9 +608,9 @@ pub struct Partitioned {
 
 impl Partitioned {
     /// Cut `batches` (of `schema`) into partitions: when they hold no more
-    /// rows than `known` (the active snapshot), as many rows as each of its
-    /// partitions has, in order; then, or else, `per` rows each (the last
-    /// may be shorter). A partition cut from one batch keeps views of its
+    /// rows than `known` (the active snapshot) and its partitions are no
+    /// larger than `per`, as many rows as each of them has, in order; then,
+    /// or else, `per` rows each (the last may be shorter). A partition cut from one batch keeps views of its
     /// fixed-width arrays (hashed and written from the range they cover);
     /// its other arrays, and every array of a partition cut from several
     /// batches, are copied into fresh arrays (so that its hash and file
@@ -631,10 +631,12 @@ impl Partitioned {
         // as `known` is, then in partitions of `per` rows: a reweight then
         // shares every partition's other columns, and a filter those before
         // its first removed row, whatever cut snapshot 0's groups of caches
-        // made; a larger one is cut every `per` rows
+        // made; a larger one, or one whose partitions are larger than `per`
+        // (the setting was lowered), is cut every `per` rows
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        let fits = |s: &Snapshot| (0..s.num_partitions()).all(|p| s.partition_rows(p) <= per);
         let cut: Vec<usize> = match known {
-            Some(s) if rows <= s.num_rows() => (0..s.num_partitions())
+            Some(s) if rows <= s.num_rows() && fits(s) => (0..s.num_partitions())
                 .map(|p| s.partition_rows(p))
                 .collect(),
             _ => Vec::new(),

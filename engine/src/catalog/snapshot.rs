@@ -460,6 +460,7 @@ pub(super) fn store_columns(
     batch: &RecordBatch,
     hashes: &[String],
     known: &HashMap<String, StoredChecksums>,
+    record: bool,
 ) -> Result<Vec<StoredColumn>> {
     let columns_dir = dir.join(COLUMNS_DIR);
     std::fs::create_dir_all(&columns_dir).map_err(Error::io(&columns_dir))?;
@@ -514,8 +515,10 @@ pub(super) fn store_columns(
                 if fs::publish_no_replace(&written.path, &path)? {
                     // its checksums were taken as it was written: no second
                     // read, in this process or another of the host
-                    mark_verified(&path);
-                    chunks::record_checked(&path, chunks::chunk_count(written.len));
+                    if record {
+                        mark_verified(&path);
+                        chunks::record_checked(&path, chunks::chunk_count(written.len));
+                    }
                     (written.crc, written.len)
                 } else {
                     from_disk(&path)? // an equal column another writer stored meanwhile
@@ -1028,6 +1031,10 @@ pub(super) struct Known {
     checksums: HashMap<String, StoredChecksums>,
     masses: HashMap<String, f64>,
     ranges: HashMap<String, Option<ColumnRange>>,
+    /// Files written are not recorded as checked for the host: they are
+    /// linked elsewhere before anyone reads them, which changes the file
+    /// version such a record names (see `assemble::prepare`).
+    pub(super) unrecorded: bool,
 }
 
 impl Known {
@@ -1078,7 +1085,7 @@ pub(super) fn store_partition(
     let weight_at = schema
         .index_of("weight")
         .map_err(|_| Error::invalid("a population needs a weight column"))?;
-    let stored = store_columns(dir, batch, hashes, &known.checksums)?;
+    let stored = store_columns(dir, batch, hashes, &known.checksums, !known.unrecorded)?;
     let weight_hash = &hashes[weight_at];
     let mass = match known.masses.get(weight_hash) {
         Some(&mass) => mass,

@@ -898,34 +898,36 @@ fn column_inode(ds: &Dataset, hash: &str) -> u64 {
     std::fs::metadata(file).unwrap().ino()
 }
 
-#[test]
-fn a_root_that_gains_a_cache_links_the_partitions_of_the_others() {
-    let dir = tempfile::tempdir().unwrap();
-    write_cache(dir.path(), "a", 10, WriterOptions::default());
-    write_cache(dir.path(), "b", 5, WriterOptions::default());
+/// The root `dir` opened with partitions of 4 rows, checked against the
+/// same set of caches opened under a snapshot base of its own (no group
+/// records there: every group built from its caches); `rows` in all.
+fn open_checked(dir: &std::path::Path, rows: usize) -> Dataset {
     let options = |base: Option<&std::path::Path>| OpenOptions {
         snapshot_dir: base.map(|b| b.to_path_buf()),
         partition_rows: Some(4),
         ..Default::default()
     };
-    let first = Dataset::open(&[dir.path().to_path_buf()], options(None)).unwrap();
+    let ds = Dataset::open(&[dir.to_path_buf()], options(None)).unwrap();
+    let base = tempfile::tempdir().unwrap();
+    let fresh = Dataset::open(&[dir.to_path_buf()], options(Some(base.path()))).unwrap();
+    let (got, want) = (ds.snapshot(), fresh.snapshot());
+    assert_eq!(crate::whole(&got).unwrap(), crate::whole(&want).unwrap());
+    assert_eq!(got.fingerprint(), want.fingerprint());
+    assert_eq!(got.num_rows(), rows);
+    ds
+}
+
+#[test]
+fn a_root_that_gains_a_cache_links_the_partitions_of_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    write_cache(dir.path(), "a", 10, WriterOptions::default());
+    write_cache(dir.path(), "b", 5, WriterOptions::default());
+    let first = open_checked(dir.path(), 15);
     let before = read_manifest(first.snapshot_dir(), 0).unwrap();
-    // the root opened again, checked against the same set opened under a
-    // snapshot base of its own (no records: every group built)
-    let open_checked = |rows: usize| -> Dataset {
-        let ds = Dataset::open(&[dir.path().to_path_buf()], options(None)).unwrap();
-        let base = tempfile::tempdir().unwrap();
-        let fresh = Dataset::open(&[dir.path().to_path_buf()], options(Some(base.path()))).unwrap();
-        let (got, want) = (ds.snapshot(), fresh.snapshot());
-        assert_eq!(crate::whole(&got).unwrap(), crate::whole(&want).unwrap());
-        assert_eq!(got.fingerprint(), want.fingerprint());
-        assert_eq!(got.num_rows(), rows);
-        ds
-    };
 
     // a new source, with a metadata column the others do not have
     write_scored_cache(dir.path(), "c", 6);
-    let grown = open_checked(21);
+    let grown = open_checked(dir.path(), 21);
     assert_ne!(grown.snapshot_dir(), first.snapshot_dir());
     // every column of a's and b's partitions but the new one is the first
     // set's file, linked (the same inode): not read, not written again;
@@ -986,7 +988,7 @@ fn a_root_that_gains_a_cache_links_the_partitions_of_the_others() {
         }
     }
     assert_eq!(damaged, 1, "one record names cache a");
-    let again = open_checked(24);
+    let again = open_checked(dir.path(), 24);
     let manifest = read_manifest(again.snapshot_dir(), 0).unwrap();
     for (i, part) in manifest.partitions.iter().enumerate() {
         let cache = cache_of(&again, i);
@@ -1006,7 +1008,7 @@ fn a_root_that_gains_a_cache_links_the_partitions_of_the_others() {
         std::fs::remove_dir_all(ds.snapshot_dir()).unwrap();
     }
     write_cache(dir.path(), "e", 2, WriterOptions::default());
-    let again = open_checked(26);
+    let again = open_checked(dir.path(), 26);
     let problems = again.verify(&|_, _| {});
     assert!(problems.is_empty(), "{problems:?}");
 }
@@ -1090,17 +1092,7 @@ fn a_cache_partitioned_when_built_is_linked_by_the_first_open() {
     assert!(prepare_partitions(&big, None, Some(4)).unwrap());
     assert_eq!(arrow_files(&parts), prepared);
 
-    let options = |base: Option<&std::path::Path>| OpenOptions {
-        snapshot_dir: base.map(|b| b.to_path_buf()),
-        partition_rows: Some(4),
-        ..Default::default()
-    };
-    let ds = Dataset::open(&[dir.path().to_path_buf()], options(None)).unwrap();
-    let base = tempfile::tempdir().unwrap();
-    let fresh = Dataset::open(&[dir.path().to_path_buf()], options(Some(base.path()))).unwrap();
-    let (got, want) = (ds.snapshot(), fresh.snapshot());
-    assert_eq!(crate::whole(&got).unwrap(), crate::whole(&want).unwrap());
-    assert_eq!(got.fingerprint(), want.fingerprint());
+    let ds = open_checked(dir.path(), 11);
     // every prepared file is in the snapshot, linked: the open wrote none
     let linked = arrow_files(&ds.snapshot_dir().join("columns"));
     for (name, (inode, _)) in &prepared {

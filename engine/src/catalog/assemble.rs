@@ -104,15 +104,7 @@ pub fn first_population(
             Some(r) => own.extend(r.own.iter().cloned()),
             None => {
                 for cache in &caches[g.clone()] {
-                    let schema = cache.attributes()?.schema();
-                    own.push(
-                        schema
-                            .fields()
-                            .iter()
-                            .skip(1)
-                            .map(|f| f.as_ref().clone())
-                            .collect(),
-                    );
+                    own.push(own_fields(cache)?);
                 }
             }
         }
@@ -167,13 +159,7 @@ pub fn prepare(base: &Path, cache: &Arc<Cache>, per: usize) -> Result<bool> {
     if Record::load(&records_dir, &key, members).is_some() {
         return Ok(true);
     }
-    let schema = cache.attributes()?.schema();
-    let own = vec![schema
-        .fields()
-        .iter()
-        .skip(1)
-        .map(|f| f.as_ref().clone())
-        .collect()];
+    let own = vec![own_fields(cache)?];
     let schema = union_schema(members, &own)?;
     std::fs::create_dir_all(records_dir.join(COLUMNS_DIR)).map_err(Error::io(&records_dir))?;
     // not recorded as checked: the first open's link gives the files a new
@@ -234,6 +220,17 @@ fn key(members: &[Arc<Cache>], per: usize) -> String {
         h.update(&m.index_crc32c.to_le_bytes());
     }
     format!("{:032x}", h.digest128())
+}
+
+/// A cache's own metadata columns: its attributes' fields after `sample_id`.
+fn own_fields(cache: &Cache) -> Result<Vec<Field>> {
+    let schema = cache.attributes()?.schema();
+    Ok(schema
+        .fields()
+        .iter()
+        .skip(1)
+        .map(|f| f.as_ref().clone())
+        .collect())
 }
 
 /// `cache_id`, `sample_id`, every cache's own columns (nullable, in order of

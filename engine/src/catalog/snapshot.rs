@@ -967,15 +967,6 @@ fn mark_verified(file: &Path) {
     }
 }
 
-/// Make the host's `record` that a file passed its check. Best effort: a
-/// directory this process cannot write keeps the check per process.
-fn record_for_host(record: &Path) {
-    if let Some(dir) = record.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let _ = std::fs::File::create(record);
-}
-
 /// Check a column file against its manifest entry: the mapped length, then
 /// the CRC-32C of the file read (not of the mapping; see `crc32c_file`) —
 /// once per version of the file per process, and not at all when another
@@ -1018,7 +1009,7 @@ fn verify_column(file: &Path, mapped_len: usize, entry: &ColumnEntry) -> Result<
     }
     mark_verified(file);
     if let Some(record) = &record {
-        record_for_host(record);
+        chunks::record_whole(record);
     }
     Ok(())
 }

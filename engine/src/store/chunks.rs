@@ -245,6 +245,95 @@ pub fn record_checked(file: &Path, chunks: usize) {
     }
 }
 
+/// Make the host's `record` (see [`host_key`]) that its whole file passed
+/// its check: an empty file, for files without a chunk table. Best effort: a
+/// directory this process cannot write keeps the check per process.
+pub fn record_whole(record: &Path) {
+    let Some(dir) = record.parent() else {
+        return;
+    };
+    let _ = std::fs::create_dir_all(dir);
+    if std::fs::File::create(record).is_ok() {
+        swept_now_and_then(dir);
+    }
+}
+
+/// Records the host keeps at most: past this the least recently used go.
+/// A record is a page of shared memory at most (a bitmap of 32,768 chunks,
+/// 2 GiB of file), so 128 MiB at most; a snapshot of 10^10 rows in the
+/// default partitions has about 15,000 column files.
+pub const HOST_RECORDS: usize = 32_768;
+/// A record neither made, written nor mapped this long is removed.
+pub const HOST_RECORD_AGE: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+/// How often a process of the host that makes a record looks over them.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+/// The file whose modification time says when the records were last swept.
+const SWEPT: &str = ".swept";
+
+/// After making a record in `dir` (the host's records): sweep them if no
+/// process did in the last [`SWEEP_EVERY`]. Records are named by file
+/// versions, and nothing says when a version is gone (a dataset deleted, a
+/// column rewritten), so without this they would fill shared memory.
+fn swept_now_and_then(dir: &Path) {
+    let stamp = dir.join(SWEPT);
+    let due = match std::fs::metadata(&stamp).and_then(|m| m.modified()) {
+        Ok(at) => at.elapsed().map_or(true, |age| age >= SWEEP_EVERY),
+        Err(_) => true,
+    };
+    let claimed = due
+        && std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&stamp)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+            .is_ok();
+    if claimed {
+        sweep(dir, HOST_RECORDS, HOST_RECORD_AGE);
+    }
+}
+
+/// Remove the host's records in `dir` last used more than `age` ago (made,
+/// written, or mapped: the later of modification and access time), then,
+/// while more than `keep` remain, the least recently used down to three
+/// quarters of `keep`. Losing a record only costs a check: a process that
+/// maps it keeps its bits, the next process checks again. Returns how many
+/// were removed.
+pub fn sweep(dir: &Path, keep: usize, age: std::time::Duration) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let now = std::time::SystemTime::now();
+    let mut kept = Vec::new();
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        if entry.file_name() == SWEPT {
+            continue;
+        }
+        let Ok(meta) = entry.metadata() else {
+            continue; // removed meanwhile
+        };
+        let used = [meta.modified(), meta.accessed()]
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or(now);
+        if now.duration_since(used).is_ok_and(|idle| idle > age) {
+            removed += usize::from(std::fs::remove_file(entry.path()).is_ok());
+        } else {
+            kept.push((used, entry.path()));
+        }
+    }
+    if kept.len() > keep {
+        kept.sort_unstable();
+        let excess = kept.len() - keep * 3 / 4;
+        for (_, path) in &kept[..excess] {
+            removed += usize::from(std::fs::remove_file(path).is_ok());
+        }
+    }
+    removed
+}
+
 /// A bitmap of checked chunks in a shared mapping: the host's record.
 struct HostBits {
     map: MmapMut,
@@ -265,7 +354,10 @@ impl HostBits {
             .open(path)
             .ok()?;
         match file.metadata().ok()?.len() {
-            0 => file.set_len(bytes).ok()?,
+            0 => {
+                file.set_len(bytes).ok()?;
+                swept_now_and_then(path.parent()?);
+            }
             len if len == bytes => {}
             _ => return None, // not a bitmap of this file: vouches for nothing
         }
@@ -618,5 +710,61 @@ mod tests {
         let check = ChunkCheck::new(&file, Buffer::from_vec(bytes), 0, wrong, Some(key)).unwrap();
         check.check_all(1).unwrap();
         let _ = std::fs::remove_file(&bits);
+    }
+    /// A record last used `days` ago (modified and accessed then).
+    fn aged(path: &Path, days: u64) {
+        let at = std::time::SystemTime::now() - std::time::Duration::from_secs(days * 24 * 3600);
+        let times = std::fs::FileTimes::new().set_accessed(at).set_modified(at);
+        let file = std::fs::File::options().write(true).open(path).unwrap();
+        file.set_times(times).unwrap();
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn host_records_unused_for_a_week_or_past_the_cap_are_swept_least_recent_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let week = std::time::Duration::from_secs(7 * 24 * 3600);
+        for (i, days) in [0, 9, 1, 3, 8, 2, 10, 4, 5, 6].into_iter().enumerate() {
+            let record = dir.path().join(format!("r{i}-{days}d"));
+            std::fs::write(&record, []).unwrap();
+            aged(&record, days);
+        }
+        std::fs::write(dir.path().join(SWEPT), []).unwrap();
+        // 8, 9 and 10 days: past the age; then 7 left, over the cap of 4:
+        // the least recently used go down to 3
+        assert_eq!(sweep(dir.path(), 4, week), 7);
+        assert_eq!(names(dir.path()), [".swept", "r0-0d", "r2-1d", "r5-2d"]);
+        assert_eq!(sweep(dir.path(), 4, week), 0, "nothing more to remove");
+    }
+
+    #[test]
+    fn making_a_record_sweeps_at_most_every_ten_minutes() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("old.bits");
+        std::fs::write(&old, [0u8; 8]).unwrap();
+        aged(&old, 30);
+        let stamp = dir.path().join(SWEPT);
+        std::fs::write(&stamp, []).unwrap(); // swept just now
+        assert!(HostBits::open(&dir.path().join("a.bits"), 3).is_some());
+        assert!(old.exists(), "a sweep less than ten minutes after the last");
+        let stamp_file = std::fs::File::options().write(true).open(&stamp).unwrap();
+        let at = std::time::SystemTime::now() - SWEEP_EVERY;
+        stamp_file.set_modified(at).unwrap();
+        record_whole(&dir.path().join("b"));
+        assert!(!old.exists(), "a month unused: swept");
+        assert_eq!(names(dir.path()), [".swept", "a.bits", "b"]);
+        let swept = std::fs::metadata(&stamp).unwrap().modified().unwrap();
+        assert!(
+            swept.elapsed().unwrap() < SWEEP_EVERY,
+            "the sweep is stamped"
+        );
     }
 }

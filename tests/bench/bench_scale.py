@@ -38,6 +38,13 @@ by chunk when read, once per host) against the same cache without them (as
 a cache written before them is read: every process checks the index and the
 attributes whole when it opens the cache).
 
+Then, for each ``--bucket`` size, such a cache in a bucket (a moto server
+on 127.0.0.1, started here): open + first batch in a fresh process, the
+host's first (an empty ``cache_dir``: it downloads the cache's index and
+attributes) and a later one (the same ``cache_dir``), and the anonymous
+memory each holds after the batch: what a process keeps per record of a
+cache it reads from a bucket.
+
 Last, for each ``--gain`` size, a root of ``--gain-caches`` caches of that
 many distinct records in all gains one more cache: ``drt.open`` of the new
 set of caches (its first snapshot), assembled from the partitions the set
@@ -321,6 +328,91 @@ def distinct_cache(tmp: Path, n: int, repeat: int) -> dict:
     return res
 
 
+BUCKET_READER = """
+import json, os, sys, time
+from pathlib import Path
+
+def anon():
+    for line in Path(f"/proc/{os.getpid()}/smaps_rollup").read_text().splitlines()[1:]:
+        if line.startswith("Anonymous:"):
+            return int(line.split()[1]) / 1024
+
+import datasetrt as drt
+url, options, cache_dir, batch = json.loads(sys.argv[1])
+m0 = anon()
+t = time.perf_counter()
+ds = drt.open(url, storage_options=options, cache_dir=cache_dir)
+batches = iter(ds.loader(batch_size=batch, seed=3, threads=1, prefetch_batches=1))
+next(batches)
+took = time.perf_counter() - t
+print(json.dumps({"first_batch_s": took, "anon_mib": anon() - m0}))
+"""
+
+
+def bucket_cache(tmp: Path, n: int, repeat: int) -> dict:
+    """Open + first batch over one cache of ``n`` distinct records in a
+    bucket (moto on 127.0.0.1): the host's first process and a later one,
+    and the anonymous memory each holds then."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        options = {
+            "aws_endpoint": endpoint,
+            "aws_access_key_id": "testing",
+            "aws_secret_access_key": "testing",
+            "aws_region": "us-east-1",
+            "aws_allow_http": "true",
+        }
+        boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        ).create_bucket(Bucket="scale")
+        url = f"s3://scale/distinct-{n}"
+        t = time.perf_counter()
+        drt.build(
+            url,
+            [Distinct(n)],
+            storage_options=options,
+            cache_dir=tmp / f"bucket-build-{n}",
+            progress=False,
+        )
+        res: dict = {"records": n, "build_s": time.perf_counter() - t}
+        shutil.rmtree(tmp / f"bucket-build-{n}")
+        runs = []
+        for _ in range(repeat):
+            cache_dir = tmp / f"bucket-read-{n}"
+            shutil.rmtree(cache_dir, ignore_errors=True)
+            shutil.rmtree(VERIFIED, ignore_errors=True)
+            arg = json.dumps([url, options, str(cache_dir), BATCH])
+            got = []
+            for _ in ("first", "later"):
+                out = subprocess.run(
+                    [sys.executable, "-c", BUCKET_READER, arg],
+                    capture_output=True,
+                    text=True,
+                    timeout=1800,
+                )
+                if out.returncode != 0:
+                    raise RuntimeError(out.stderr)
+                got.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            runs.append(got)
+            shutil.rmtree(cache_dir)
+        for i, who in enumerate(("first", "later")):
+            res[f"{who}_s"] = statistics.median(r[i]["first_batch_s"] for r in runs)
+            res[f"{who}_anon_mib"] = statistics.median(r[i]["anon_mib"] for r in runs)
+        return res
+    finally:
+        server.stop()
+
+
 def written_bytes(snapshot_dir: Path) -> int:
     """Bytes of the files in ``snapshot_dir`` written there (a file linked
     from another snapshot directory has more than one link)."""
@@ -383,6 +475,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rows", type=int, nargs="*", default=[1_000_000, 10_000_000])
     p.add_argument("--distinct", type=int, nargs="*", default=[1_000_000, 10_000_000])
+    p.add_argument("--bucket", type=int, nargs="*", default=[1_000_000])
     p.add_argument("--gain", type=int, nargs="*", default=[1_000_000, 10_000_000])
     p.add_argument("--gain-caches", type=int, default=8)
     p.add_argument("--repeat", type=int, default=3)
@@ -397,6 +490,7 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "sizes": [],
         "distinct": [],
+        "bucket": [],
         "gain": [],
     }
     with tempfile.TemporaryDirectory(prefix="drt-scale-", dir=args.dir) as tmp:
@@ -413,6 +507,11 @@ def main() -> None:
         for n in args.distinct:
             res = distinct_cache(root, n, args.repeat)
             results["distinct"].append(res)
+            print(json.dumps(res))
+            sys.stdout.flush()
+        for n in args.bucket:
+            res = bucket_cache(root, n, args.repeat)
+            results["bucket"].append(res)
             print(json.dumps(res))
             sys.stdout.flush()
         for rows in args.gain:
@@ -461,6 +560,16 @@ def main() -> None:
             f"| {ms(r['whole_later_s'])} → {ms(r['chunked_later_s'])} "
             f"({r['chunked_later_s'] / r['whole_later_s']:.2f}x) "
             f"| {r['whole_anon_mib']:.1f} → {r['chunked_anon_mib']:.1f} MiB |"
+        )
+    print(
+        "\n| distinct records in one cache in a bucket | open + first batch, "
+        "the host's first process / a later one | heap held then, first / later |\n"
+        "|---|---|---|"
+    )
+    for r in results["bucket"]:
+        print(
+            f"| {r['records']:.0e} | {ms(r['first_s'])} / {ms(r['later_s'])} "
+            f"| {r['first_anon_mib']:.1f} / {r['later_anon_mib']:.1f} MiB |"
         )
     print(
         "\n| rows in the root | a root that gains a cache: open the new set, "

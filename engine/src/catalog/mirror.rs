@@ -56,14 +56,22 @@ async fn get(remote: &Remote, key: &str, rel: &str) -> Result<bytes::Bytes> {
         })
 }
 
-/// Download snapshot file `rel` into `dir` (whole, by atomic rename).
+/// Download snapshot file `rel` into `dir` (streamed to disk, published by
+/// atomic rename).
 async fn fetch(remote: &Remote, key: &str, dir: &Path, rel: &str) -> Result<()> {
-    let bytes = get(remote, key, rel).await?;
     let local = dir.join(rel);
     if let Some(parent) = local.parent() {
         std::fs::create_dir_all(parent).map_err(Error::io(parent))?;
     }
-    fs::write_atomic(&local, &bytes)
+    let object = snapshot_object(remote, key, rel);
+    if remote.get_to_file(&object, &local).await? {
+        Ok(())
+    } else {
+        Err(Error::NotFound {
+            what: "snapshot file in the bucket",
+            path: remote.object_url(&object).into(),
+        })
+    }
 }
 
 impl Mirror {

@@ -1237,35 +1237,25 @@ pub fn verify_files(
     let mut seen = HashSet::new();
     for entry in manifest.columns().filter(|c| seen.insert(c.hash.as_str())) {
         let file = dir.join(COLUMNS_DIR).join(format!("{}.arrow", entry.hash));
-        let checked = std::fs::read(&file)
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => Error::NotFound {
-                    what: "snapshot column",
-                    path: file.clone(),
-                },
-                _ => Error::io(&file)(e),
-            })
-            .and_then(|bytes| {
-                match (entry.crc, entry.len) {
-                    (Some(crc), Some(len))
-                        if bytes.len() as u64 != len || crc32c(&bytes) != crc =>
-                    {
-                        return Err(Error::corrupt(
-                            &file,
-                            format!(
-                                "snapshot column file does not match its manifest ({number:08})"
-                            ),
-                        ))
-                    }
-                    (Some(crc), Some(len)) => {
-                        if let Some(seen) = tables.as_deref_mut() {
-                            problems.extend(check_table(&file, &bytes, len, crc, seen));
-                        }
-                    }
-                    _ => {}
+        // mapped, not read into memory: a file's pages are the page
+        // cache's, which the kernel takes back after the check
+        let checked = crate::store::fs::map_buffer(&file, "snapshot column").and_then(|bytes| {
+            match (entry.crc, entry.len) {
+                (Some(crc), Some(len)) if bytes.len() as u64 != len || crc32c(&bytes) != crc => {
+                    return Err(Error::corrupt(
+                        &file,
+                        format!("snapshot column file does not match its manifest ({number:08})"),
+                    ))
                 }
-                ipc::decode(&file, arrow::buffer::Buffer::from_vec(bytes)).map(|_| ())
-            });
+                (Some(crc), Some(len)) => {
+                    if let Some(seen) = tables.as_deref_mut() {
+                        problems.extend(check_table(&file, &bytes, len, crc, seen));
+                    }
+                }
+                _ => {}
+            }
+            ipc::decode(&file, bytes).map(|_| ())
+        });
         if let Err(e) = checked {
             problems.push(e);
         }

@@ -20,7 +20,7 @@ use super::chunks::{self, ChunkCheck, ChunkTable};
 use super::codec::decode_into;
 use super::format::{
     check_index_header, check_shard_header, shard_file_name, IndexEntry, ATTRIBUTES_FILE,
-    INDEX_ENTRY_LEN, INDEX_FILE, INDEX_HEADER_LEN, MANIFEST_FILE,
+    INDEX_ENTRY_LEN, INDEX_FILE, INDEX_HEADER_LEN, MANIFEST_FILE, SHARD_HEADER_LEN,
 };
 use super::fs::map_buffer;
 use super::ipc;
@@ -28,16 +28,87 @@ use super::manifest::Manifest;
 use super::remote::{block_on, Remote, Replica};
 use crate::{Error, Result};
 
+/// A cache's index: its entries mapped in place, checked a chunk at a
+/// time as they are read (each chunk once per host). Shared by the cache
+/// and, for a cache in a bucket, its replica.
+#[derive(Debug)]
+pub struct Index {
+    path: PathBuf,
+    /// The entries (the mapped file past its header).
+    entries: Buffer,
+    /// The check of the entries by chunk; `None`: checked whole when
+    /// opened (no chunk table).
+    chunks: Option<ChunkCheck>,
+}
+
+/// Where one record's stored bytes are: shard, byte range, CRC-32C.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub shard: u32,
+    pub start: u64,
+    pub end: u64,
+    pub crc: u32,
+}
+
+impl Index {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn records(&self) -> u64 {
+        (self.entries.len() / INDEX_ENTRY_LEN) as u64
+    }
+
+    /// The entry of record `s` (< [`Index::records`]), checked.
+    fn entry(&self, s: u64) -> Result<IndexEntry> {
+        let at = s as usize * INDEX_ENTRY_LEN;
+        if let Some(chunks) = &self.chunks {
+            chunks.check(at..at + INDEX_ENTRY_LEN)?;
+        }
+        IndexEntry::decode(&self.entries[at..at + INDEX_ENTRY_LEN]).map_err(|detail| {
+            Error::corrupt(
+                &self.path,
+                format!(
+                    "entry of sample {s} at offset {}: {detail}",
+                    INDEX_HEADER_LEN + at
+                ),
+            )
+        })
+    }
+
+    /// Check every entry (each chunk once per host: the host's later
+    /// processes test a bitmap), so that [`Index::span`] may read any.
+    pub fn check_all(&self) -> Result<()> {
+        match &self.chunks {
+            Some(chunks) => chunks.check_all(chunks::check_threads()),
+            None => Ok(()), // checked whole at open
+        }
+    }
+
+    /// Where record `s` (< [`Index::records`]) is stored, read in place
+    /// without a check: only after [`Index::check_all`]. A replica's
+    /// bookkeeping reads spans of any record (neighbours, what is on disk);
+    /// every byte it fetches or reads is verified against the span's CRC.
+    pub fn span(&self, s: u64) -> Span {
+        let at = s as usize * INDEX_ENTRY_LEN;
+        let b = &self.entries[at..at + INDEX_ENTRY_LEN];
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let start = u64::from_le_bytes(b[0..8].try_into().expect("8 bytes"));
+        Span {
+            shard: u32_at(8),
+            start,
+            end: start.saturating_add(u64::from(u32_at(12))),
+            crc: u32_at(20),
+        }
+    }
+}
+
 /// A published cache, opened read-only. Cheap to share behind an `Arc`.
 #[derive(Debug)]
 pub struct Cache {
     dir: PathBuf,
     manifest: Manifest,
-    index_path: PathBuf,
-    index: Buffer,
-    /// The check of the index's entries by chunk; `None`: checked whole
-    /// when opened (no chunk table).
-    index_chunks: Option<ChunkCheck>,
+    index: Arc<Index>,
     shards: Vec<(PathBuf, Buffer)>,
     /// Decoded and checked on first use.
     attributes: OnceLock<RecordBatch>,
@@ -83,15 +154,15 @@ impl Cache {
             async move { remote.replicate(&name, whole).await }
         })??;
         let mut cache = Self::open_checked(&dir)?;
-        let entries = (0..cache.records())
-            .map(|s| cache.entry(s))
-            .collect::<Result<Vec<_>>>()?;
+        let stored = cache.manifest.shard_bytes.iter().sum::<u64>()
+            - cache.shards.len() as u64 * SHARD_HEADER_LEN as u64;
         cache.replica = Some(Arc::new(Replica::open(
             remote.clone(),
             name,
             &dir,
             cache.shards.len(),
-            entries.into_iter(),
+            cache.index.clone(),
+            stored,
             whole,
         )?));
         Ok(cache)
@@ -142,7 +213,7 @@ impl Cache {
             match ChunkTable::read_sidecar(&index_path, entries.len() as u64, entries_crc) {
                 Some(table) => Some(ChunkCheck::new(
                     &index_path,
-                    entries,
+                    entries.clone(),
                     INDEX_HEADER_LEN as u64,
                     table.crcs,
                     chunks::host_key(&index_path),
@@ -179,9 +250,11 @@ impl Cache {
         let cache = Cache {
             dir: dir.to_path_buf(),
             manifest,
-            index_path,
-            index,
-            index_chunks,
+            index: Arc::new(Index {
+                path: index_path,
+                entries,
+                chunks: index_chunks,
+            }),
             shards,
             attributes: OnceLock::new(),
             attributes_chunks,
@@ -243,8 +316,11 @@ impl Cache {
     /// Check the index and attributes whole, from the files, whatever this
     /// process or the host checked before (what `verify` does).
     pub fn check_files(&self) -> Result<()> {
-        let entries = self.index.slice(INDEX_HEADER_LEN);
-        check_entries(&self.index_path, &entries, self.manifest.index_crc32c)?;
+        check_entries(
+            &self.index.path,
+            &self.index.entries,
+            self.manifest.index_crc32c,
+        )?;
         let path = self.dir.join(ATTRIBUTES_FILE);
         let (found, read) = super::checksum::crc32c_file(&path).map_err(Error::io(&path))?;
         if found != self.manifest.attributes_crc32c || read != self.manifest.attributes_bytes {
@@ -292,17 +368,7 @@ impl Cache {
             ))
             .at_column("sample_id", Some(sample_id.to_string())));
         }
-        let at = INDEX_HEADER_LEN + sample_id as usize * INDEX_ENTRY_LEN;
-        if let Some(chunks) = &self.index_chunks {
-            let entry = at - INDEX_HEADER_LEN;
-            chunks.check(entry..entry + INDEX_ENTRY_LEN)?;
-        }
-        IndexEntry::decode(&self.index[at..at + INDEX_ENTRY_LEN]).map_err(|detail| {
-            Error::corrupt(
-                &self.index_path,
-                format!("entry of sample {sample_id} at offset {at}: {detail}"),
-            )
-        })
+        self.index.entry(sample_id)
     }
 
     /// The file that `buffer` maps, and its length as this cache mapped it,
@@ -392,7 +458,7 @@ impl Cache {
         }
         let (path, shard) = self.shards.get(e.shard as usize).ok_or_else(|| {
             Error::corrupt(
-                &self.index_path,
+                &self.index.path,
                 format!(
                     "sample {sample_id} points at shard {} of {}",
                     e.shard,

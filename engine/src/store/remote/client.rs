@@ -337,6 +337,44 @@ impl Remote {
         }
     }
 
+    /// Download object `path` into the file `dest` as it arrives (never
+    /// whole in memory: an index of 10^9 records is 32 GB), published
+    /// atomically (a temporary sibling, fsync, rename). `Ok(false)`: there
+    /// is no such object.
+    pub async fn get_to_file(&self, path: &ObjectPath, dest: &Path) -> Result<bool> {
+        use futures::StreamExt;
+        use std::io::Write;
+        let client = self.client()?;
+        let mut stream = match client.get(path).await {
+            Ok(r) => r.into_stream(),
+            Err(object_store::Error::NotFound { .. }) => return Ok(false),
+            Err(e) => return Err(self.error(path, None, e)),
+        };
+        let tmp = crate::store::fs::temp_sibling(dest);
+        let written = async {
+            let mut file = std::io::BufWriter::with_capacity(
+                1 << 20,
+                std::fs::File::create(&tmp).map_err(Error::io(&tmp))?,
+            );
+            while let Some(piece) = stream.next().await {
+                let piece = piece.map_err(|e| self.error(path, None, e))?;
+                file.write_all(&piece).map_err(Error::io(&tmp))?;
+            }
+            let file = file
+                .into_inner()
+                .map_err(|e| Error::io(&tmp)(e.into_error()))?;
+            file.sync_all().map_err(Error::io(&tmp))?;
+            std::fs::rename(&tmp, dest).map_err(Error::io(dest))
+        }
+        .await;
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written?;
+        crate::store::fs::sync_dir(dest.parent().unwrap_or(Path::new(".")))?;
+        Ok(true)
+    }
+
     /// Bytes `range` of an object.
     pub async fn get_range(&self, path: &ObjectPath, range: Range<u64>) -> Result<Bytes> {
         let client = self.client()?;

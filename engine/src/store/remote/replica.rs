@@ -16,8 +16,9 @@ use super::lock::RangeLock;
 use super::{block_on, Remote};
 use crate::store::checksum::crc32c;
 use crate::store::counters::{Counters, COUNTERS};
-use crate::store::format::{shard_file_name, IndexEntry, SHARD_HEADER_LEN};
+use crate::store::format::{shard_file_name, SHARD_HEADER_LEN};
 use crate::store::fs;
+use crate::store::reader::{Index, Span};
 use crate::{Error, Result};
 
 /// Disk a held record may take beyond its bytes: a page at its edges.
@@ -67,16 +68,30 @@ const ABSENT: u8 = 0;
 const IN_FLIGHT: u8 = 1;
 const PRESENT: u8 = 2;
 
+/// `n` states, every one ABSENT, in zeroed memory: the allocator takes
+/// fresh pages from the kernel, which maps one when it is first written.
+fn absent_states(n: u64) -> Box<[AtomicU8]> {
+    const _: () = assert!(ABSENT == 0);
+    let zeroed = vec![0u8; n as usize].into_boxed_slice();
+    // SAFETY: `AtomicU8` has the size, alignment and bit validity of `u8`,
+    // so a slice of bytes is a slice of atomics; ownership moves whole.
+    unsafe { Box::from_raw(Box::into_raw(zeroed) as *mut [AtomicU8]) }
+}
+
 /// The local, sparse replica of one remote cache's shards.
 #[derive(Debug)]
 pub struct Replica {
     remote: Arc<Remote>,
     name: String,
     shards: Vec<(ObjectPath, PathBuf, File)>,
-    /// Per record: ABSENT, IN_FLIGHT or PRESENT (as far as this process knows).
-    state: Vec<AtomicU8>,
-    /// Per record: (shard, start, end, crc32c), copied from the index at open.
-    spans: Vec<(u32, u64, u64, u32)>,
+    /// Per record: ABSENT, IN_FLIGHT or PRESENT (as far as this process
+    /// knows). Zeroed memory the kernel maps on first write: a process pays
+    /// for the pages of the records it touches, not one byte per record.
+    state: Box<[AtomicU8]>,
+    /// The cache's index (mapped, checked at open): where each record is.
+    index: Arc<Index>,
+    /// Stored bytes of every record.
+    total: u64,
     /// Bytes of PRESENT records.
     present_bytes: AtomicU64,
     landed: (Mutex<()>, Condvar),
@@ -114,15 +129,19 @@ pub struct FetchRange {
 
 impl Replica {
     /// The replica of cache `name` in `dir` (made by [`Remote::replicate`]),
-    /// over its index `entries`.
+    /// over its `index`, whose records hold `total` stored bytes. Costs
+    /// O(shards) and the index's check, which the host's first process
+    /// makes (the later ones test its bitmap): nothing is copied per record.
     pub fn open(
         remote: Arc<Remote>,
         name: &str,
         dir: &Path,
         shard_count: usize,
-        entries: impl Iterator<Item = IndexEntry>,
+        index: Arc<Index>,
+        total: u64,
         whole: bool,
     ) -> Result<Replica> {
+        index.check_all()?;
         let mut shards = Vec::with_capacity(shard_count);
         for i in 0..shard_count {
             let file_name = shard_file_name(i as u32);
@@ -134,23 +153,13 @@ impl Replica {
                 .map_err(Error::io(&path))?;
             shards.push((remote.object(&[name, &file_name]), path, file));
         }
-        let spans: Vec<(u32, u64, u64, u32)> = entries
-            .map(|e| {
-                (
-                    e.shard,
-                    e.offset,
-                    e.offset + e.stored_len as u64,
-                    e.checksum,
-                )
-            })
-            .collect();
         let counts = Counters::new(&remote.replica_root_for(whole).join("counts").join(name));
-        let total: u64 = spans.iter().map(|s| s.2 - s.1).sum();
-        let mean = (total / (spans.len() as u64).max(1)).max(1);
+        let mean = (total / index.records().max(1)).max(1);
         let disk_limit = if whole { None } else { remote.disk_limit(mean) };
         Ok(Replica {
-            state: spans.iter().map(|_| AtomicU8::new(ABSENT)).collect(),
-            spans,
+            state: absent_states(index.records()),
+            index,
+            total,
             remote,
             name: name.to_string(),
             shards,
@@ -175,18 +184,22 @@ impl Replica {
     }
 
     pub fn records(&self) -> u64 {
-        self.spans.len() as u64
+        self.state.len() as u64
+    }
+
+    fn span(&self, sample: u64) -> Span {
+        self.index.span(sample)
     }
 
     /// Stored bytes of record `sample`.
     pub fn record_bytes(&self, sample: u64) -> u64 {
-        let (_, start, end, _) = self.spans[sample as usize];
-        end - start
+        let span = self.span(sample);
+        span.end - span.start
     }
 
     /// Stored bytes of every record.
     pub fn total_bytes(&self) -> u64 {
-        self.spans.iter().map(|s| s.2 - s.1).sum()
+        self.total
     }
 
     /// Bytes of the records this process holds.
@@ -219,20 +232,56 @@ impl Replica {
             .iter()
             .map(|(_, _, file)| fs::data_extents(file).ok())
             .collect();
-        for (s, &(shard, start, end, _)) in self.spans.iter().enumerate() {
-            let Some(data) = &extents[shard as usize] else {
-                continue; // unreadable: this process's own view stays
-            };
-            let i = data.partition_point(|e| e.end <= start);
-            let on_disk = data
-                .get(i)
-                .is_some_and(|e| e.start <= start && end <= e.end);
-            if on_disk {
-                self.move_state(s as u64, ABSENT, PRESENT);
-            } else {
-                self.move_state(s as u64, PRESENT, ABSENT);
+        // held here, but with a hole: evicted by another process (a shard
+        // that cannot be read keeps this process's own view)
+        for (s, state) in self.state.iter().enumerate() {
+            if state.load(Ordering::Relaxed) != PRESENT {
+                continue;
+            }
+            let span = self.span(s as u64);
+            if let Some(Some(data)) = extents.get(span.shard as usize) {
+                let i = data.partition_point(|e| e.end <= span.start);
+                let whole = data
+                    .get(i)
+                    .is_some_and(|e| e.start <= span.start && span.end <= e.end);
+                if !whole {
+                    self.move_state(s as u64, PRESENT, ABSENT);
+                }
             }
         }
+        // on disk, whoever fetched them: the records inside each extent
+        // (records of a shard are consecutive samples at increasing offsets)
+        for (shard, data) in extents.iter().enumerate() {
+            for e in data.iter().flatten() {
+                let mut s = self.first_at(shard as u32, e.start);
+                while s < self.records() {
+                    let span = self.span(s);
+                    if span.shard != shard as u32 || span.start >= e.end {
+                        break;
+                    }
+                    if span.end <= e.end {
+                        self.move_state(s, ABSENT, PRESENT);
+                    }
+                    s += 1;
+                }
+            }
+        }
+    }
+
+    /// The first record stored at or after byte `offset` of `shard` (or
+    /// in a later shard): a binary search of the index.
+    fn first_at(&self, shard: u32, offset: u64) -> u64 {
+        let (mut lo, mut hi) = (0, self.records());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let span = self.span(mid);
+            if (span.shard, span.start) < (shard, offset) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
     }
 
     pub fn is_present(&self, sample: u64) -> bool {
@@ -277,7 +326,9 @@ impl Replica {
             if !self.move_state(s, ABSENT, IN_FLIGHT) {
                 continue;
             }
-            let (shard, start, end, _) = self.spans[s as usize];
+            let Span {
+                shard, start, end, ..
+            } = self.span(s);
             if let Some(last) = out.last_mut() {
                 if last.shard == shard
                     && last.records.end == s
@@ -330,21 +381,29 @@ impl Replica {
     /// records of its shard, about [`CHUNK_BYTES`] from the first chunk start
     /// at or before it.
     fn chunk_of(&self, sample: u64) -> (u64, u64) {
-        let (shard, start, _, _) = self.spans[sample as usize];
+        let Span { shard, start, .. } = self.span(sample);
         let chunk = (start - SHARD_HEADER_LEN as u64) / CHUNK_BYTES;
         let lo = chunk * CHUNK_BYTES + SHARD_HEADER_LEN as u64;
         let hi = lo + CHUNK_BYTES;
         // records of a shard are consecutive samples at increasing offsets
         let mut first = sample;
         while first > 0 && {
-            let (sh, st, _, _) = self.spans[first as usize - 1];
+            let Span {
+                shard: sh,
+                start: st,
+                ..
+            } = self.span(first - 1);
             sh == shard && st >= lo
         } {
             first -= 1;
         }
         let mut end = sample + 1;
-        while (end as usize) < self.spans.len() && {
-            let (sh, st, _, _) = self.spans[end as usize];
+        while (end as usize) < self.state.len() && {
+            let Span {
+                shard: sh,
+                start: st,
+                ..
+            } = self.span(end);
             sh == shard && st < hi
         } {
             end += 1;
@@ -396,7 +455,9 @@ impl Replica {
         self.counts.add(REQUESTS, 1);
         self.counts.add(BYTES, bytes.len() as u64);
         for s in r.records.clone() {
-            let (_, start, end, crc) = self.spans[s as usize];
+            let Span {
+                start, end, crc, ..
+            } = self.span(s);
             let at = (start - r.range.start) as usize..(end - r.range.start) as usize;
             let actual = crc32c(&bytes[at]);
             if actual != crc {
@@ -433,7 +494,9 @@ impl Replica {
         file.read_exact_at(&mut bytes, r.range.start)
             .map_err(Error::io(path))?;
         Ok(r.records.clone().all(|s| {
-            let (_, start, end, crc) = self.spans[s as usize];
+            let Span {
+                start, end, crc, ..
+            } = self.span(s);
             crc32c(&bytes[(start - r.range.start) as usize..(end - r.range.start) as usize]) == crc
         }))
     }
@@ -442,7 +505,7 @@ impl Replica {
     /// verify them there; fetch it (or wait for the fetch in flight) when the
     /// replica does not hold it. `checksum` is the index entry's CRC.
     pub fn read(self: &Arc<Self>, sample: u64, checksum: u32, out: &mut [u8]) -> Result<()> {
-        let (shard, start, _, _) = self.spans[sample as usize];
+        let Span { shard, start, .. } = self.span(sample);
         let (_, path, file) = &self.shards[shard as usize];
         self.obtain(sample, || {
             file.read_exact_at(out, start).map_err(Error::io(path))?;
@@ -504,7 +567,7 @@ impl Replica {
                 block_on(async move { this.fetch_unclaimed(sample).await })??;
             }
         }
-        let (shard, start, ..) = self.spans[sample as usize];
+        let Span { shard, start, .. } = self.span(sample);
         Err(Error::corrupt_record(
             &self.shards[shard as usize].1,
             sample,
@@ -546,7 +609,9 @@ impl Replica {
 
     /// Fetch record `sample` although another fetch claimed it.
     async fn fetch_unclaimed(&self, sample: u64) -> Result<()> {
-        let (shard, start, end, _) = self.spans[sample as usize];
+        let Span {
+            shard, start, end, ..
+        } = self.span(sample);
         self.fetch_one(&FetchRange {
             shard,
             range: start..end,
@@ -570,20 +635,21 @@ impl Replica {
         if !self.move_state(sample, PRESENT, ABSENT) {
             return;
         }
-        let (shard, start, end, _) = self.spans[sample as usize];
+        let Span {
+            shard, start, end, ..
+        } = self.span(sample);
         self.counts.add(EVICTED, end - start);
         const PAGE: u64 = 4096;
         let mut lo = start / PAGE * PAGE;
         let mut hi = end.div_ceil(PAGE) * PAGE;
         // a neighbour this process holds keeps the page they share
         let held = |s: u64| {
-            self.spans
-                .get(s as usize)
-                .is_some_and(|&(sh, ..)| sh == shard)
+            s < self.records()
+                && self.span(s).shard == shard
                 && self.state[s as usize].load(Ordering::Acquire) != ABSENT
         };
         let mut s = sample;
-        while s > 0 && self.spans[s as usize - 1].0 == shard && self.spans[s as usize - 1].2 > lo {
+        while s > 0 && self.span(s - 1).shard == shard && self.span(s - 1).end > lo {
             s -= 1;
             if held(s) {
                 lo += PAGE;
@@ -591,9 +657,9 @@ impl Replica {
             }
         }
         let mut s = sample + 1;
-        while (s as usize) < self.spans.len()
-            && self.spans[s as usize].0 == shard
-            && self.spans[s as usize].1 < hi
+        while (s as usize) < self.state.len()
+            && self.span(s).shard == shard
+            && self.span(s).start < hi
         {
             if held(s) {
                 hi -= PAGE;

@@ -1,5 +1,6 @@
-//! Making a local replica of a cache in the bucket: its small files whole,
-//! its shards as sparse files the reads fill ([`super::Replica`]).
+//! Making a local replica of a cache in the bucket: its metadata files whole
+//! (streamed to disk), its shards as sparse files the reads fill
+//! ([`super::Replica`]).
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -49,14 +50,13 @@ impl Remote {
             // written by rename: a process opening the replica meanwhile
             // sees the old file or the new one, whole
             for file in [INDEX_FILE, ATTRIBUTES_FILE] {
-                let bytes = self
-                    .get_opt(&self.object(&[name, file]))
-                    .await?
-                    .ok_or_else(|| Error::NotFound {
+                let object = self.object(&[name, file]);
+                if !self.get_to_file(&object, &dir.join(file)).await? {
+                    return Err(Error::NotFound {
                         what: "cache file",
-                        path: PathBuf::from(self.object_url(&self.object(&[name, file]))),
-                    })?;
-                fs::write_atomic(&dir.join(file), &bytes)?;
+                        path: PathBuf::from(self.object_url(&object)),
+                    });
+                }
             }
         }
         for (i, &len) in manifest.shard_bytes.iter().enumerate() {

@@ -237,16 +237,34 @@ def test_update_accepts_any_arrow_stream_and_lazy_frames(two_caches):
     assert len(ds) == 2
 
 
+def stored_columns(ds: drt.Dataset) -> dict[str, set[str]]:
+    """The active snapshot's column files by column name (one per
+    partition, or fewer where partitions hold equal columns)."""
+    files: dict[str, set[str]] = {}
+    for line in ds.snapshot_path.read_text().splitlines():
+        if line.startswith("column="):
+            hash_, _crc, _len, name = line[len("column=") :].split(" ", 3)
+            files.setdefault(name, set()).add(f"{hash_}.arrow")
+    return files
+
+
 def test_a_reweight_stores_only_the_new_weight_column(two_caches):
+    """However the population is cut into partitions: a reweight writes
+    weight column files and nothing else, a new column its own files."""
     ds, _, _ = two_caches
     columns = ds.snapshot_path.parent / "columns"
-    before = set(columns.glob("*.arrow"))
+    names = lambda: {p.name for p in columns.glob("*.arrow")}  # noqa: E731
+    before = names()
     meta = ds.get_metadata()
     ds.update_metadata(meta.with_columns((1.0 / pl.len().over("label")).alias("weight")))
-    added = set(columns.glob("*.arrow")) - before
-    assert len(added) == 1
+    reweighted = stored_columns(ds)
+    assert names() - before == reweighted["weight"]
+    assert set().union(*(f for n, f in reweighted.items() if n != "weight")) <= before
     ds.update_metadata(meta.with_columns(pl.lit("x").alias("tag")))
-    assert len(set(columns.glob("*.arrow")) - before) == 2  # the tag column; weight 1.0 exists
+    tagged = stored_columns(ds)
+    # the tag's files; the weights of 1.0 are those the build stored
+    assert names() - before == reweighted["weight"] | tagged["tag"]
+    assert tagged["weight"] <= before
 
 
 def test_history_names_each_snapshot_and_fingerprints_identify_populations(two_caches):

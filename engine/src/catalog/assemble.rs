@@ -393,7 +393,9 @@ impl Record {
             write_partition(&mut body, part);
         }
         std::fs::create_dir_all(records_dir).map_err(Error::io(records_dir))?;
-        fs::write_atomic(&Self::path(records_dir, key), seal_text(&body).as_bytes())
+        // sealed: a record a crash left torn is not read, and its group is
+        // built again (so no fsync: a new set rewrites every record)
+        fs::write_derived(&Self::path(records_dir, key), seal_text(&body).as_bytes())
     }
 
     /// The record of group `key`, if there is one that reads whole and

@@ -134,6 +134,21 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     sync_dir(path.parent().unwrap_or(Path::new(".")))
 }
 
+/// Write `bytes` to `path` through a temporary file and a rename, without
+/// fsync: for derived files that carry their own seal, so that one a crash
+/// left torn is found and made again (what a thousand fsyncs would cost
+/// buys nothing there). Readers see the old file or the new one whole.
+pub fn write_derived(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = temp_sibling(path);
+    let written = File::create(&tmp)
+        .and_then(|mut f| f.write_all(bytes))
+        .and_then(|()| fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written.map_err(Error::io(path))
+}
+
 /// Publish the complete, fsynced file `tmp` as `path` unless `path` already
 /// exists. Returns `false` (and removes `tmp`) when another writer won.
 pub fn publish_no_replace(tmp: &Path, path: &Path) -> Result<bool> {

@@ -142,6 +142,13 @@ impl Replica {
         whole: bool,
     ) -> Result<Replica> {
         index.check_all()?;
+        debug_assert_eq!(
+            total,
+            (0..index.records())
+                .map(|s| index.span(s).end - index.span(s).start)
+                .sum::<u64>(),
+            "records fill their shards past the headers"
+        );
         let mut shards = Vec::with_capacity(shard_count);
         for i in 0..shard_count {
             let file_name = shard_file_name(i as u32);

@@ -319,10 +319,17 @@ impl Replica {
         let mut wanted: Vec<u64> = Vec::with_capacity(samples.len());
         for &s in samples.iter() {
             if whole {
-                let (first, end) = self.chunk_of(s);
-                if wanted.last().is_some_and(|&w| w >= first) {
+                // sorted: a sample at or before the last one wanted is in
+                // a chunk already taken; one claimed or held was planned
+                // with its chunk before (a chunk is claimed whole). Without
+                // this, every step of the read-ahead walked every record of
+                // the chunks its draws land in: quadratic in records.
+                if wanted.last().is_some_and(|&w| w >= s)
+                    || self.state[s as usize].load(Ordering::Acquire) != ABSENT
+                {
                     continue;
                 }
+                let (first, end) = self.chunk_of(s);
                 wanted.extend(first..end);
             } else {
                 wanted.push(s);
@@ -386,35 +393,15 @@ impl Replica {
 
     /// Records `first..end` of the chunk that holds `sample`: consecutive
     /// records of its shard, about [`CHUNK_BYTES`] from the first chunk start
-    /// at or before it.
+    /// at or before it. Two binary searches of the index (records of a
+    /// shard are consecutive samples at increasing offsets).
     fn chunk_of(&self, sample: u64) -> (u64, u64) {
         let Span { shard, start, .. } = self.span(sample);
-        let chunk = (start - SHARD_HEADER_LEN as u64) / CHUNK_BYTES;
+        let chunk = start.saturating_sub(SHARD_HEADER_LEN as u64) / CHUNK_BYTES;
         let lo = chunk * CHUNK_BYTES + SHARD_HEADER_LEN as u64;
         let hi = lo + CHUNK_BYTES;
-        // records of a shard are consecutive samples at increasing offsets
-        let mut first = sample;
-        while first > 0 && {
-            let Span {
-                shard: sh,
-                start: st,
-                ..
-            } = self.span(first - 1);
-            sh == shard && st >= lo
-        } {
-            first -= 1;
-        }
-        let mut end = sample + 1;
-        while (end as usize) < self.state.len() && {
-            let Span {
-                shard: sh,
-                start: st,
-                ..
-            } = self.span(end);
-            sh == shard && st < hi
-        } {
-            end += 1;
-        }
+        let first = self.first_at(shard, lo).min(sample);
+        let end = self.first_at(shard, hi).max(sample + 1);
         (first, end)
     }
 

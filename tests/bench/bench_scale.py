@@ -358,6 +358,7 @@ def bucket_cache(tmp: Path, n: int, repeat: int) -> dict:
     bucket (moto on 127.0.0.1): the host's first process and a later one,
     and the anonymous memory each holds then."""
     import boto3
+    from bench_remote import options as s3_options  # this directory's
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -365,13 +366,7 @@ def bucket_cache(tmp: Path, n: int, repeat: int) -> dict:
     try:
         host, port = server.get_host_and_port()
         endpoint = f"http://{host}:{port}"
-        options = {
-            "aws_endpoint": endpoint,
-            "aws_access_key_id": "testing",
-            "aws_secret_access_key": "testing",
-            "aws_region": "us-east-1",
-            "aws_allow_http": "true",
-        }
+        options = s3_options(port)
         boto3.client(
             "s3",
             endpoint_url=endpoint,

@@ -82,7 +82,7 @@ impl Remote {
                 file.write_all_at(&bytes, 0).map_err(Error::io(&path))?;
             }
         }
-        chunk_tables(&dir, &manifest);
+        chunk_tables(&dir, &manifest, !same);
         if !same {
             fs::write_atomic(&manifest_path, &manifest_bytes)?;
         }
@@ -94,30 +94,32 @@ impl Remote {
 /// does not keep, made from the files as downloaded, when they match the
 /// manifest: then every process checks the chunks it reads once per host,
 /// as for a local cache, instead of each one the whole index at open (32
-/// GB at 10^9 records). Best effort: a file without its table is checked
-/// whole (and a damaged one fails there, named).
-fn chunk_tables(dir: &Path, manifest: &crate::store::Manifest) {
+/// GB at 10^9 records). Made when the files were just downloaded
+/// (`fresh`), or for a replica made before the tables; otherwise the
+/// reader checks the table it finds against the manifest. Best effort: a
+/// file without its table is checked whole (and a damaged one fails there,
+/// named).
+fn chunk_tables(dir: &Path, manifest: &crate::store::Manifest, fresh: bool) {
+    let wanted = |file: &Path| fresh || !ChunkTable::sidecar(file).exists();
     let index = dir.join(INDEX_FILE);
-    if let Ok(bytes) = fs::map_file(&index, "cache index") {
-        if let Some(entries) = bytes.get(INDEX_HEADER_LEN..) {
-            let crc = manifest.index_crc32c;
-            if ChunkTable::read_sidecar(&index, entries.len() as u64, crc).is_none()
-                && crc32c(entries) == crc
-            {
-                let table = ChunkTable {
-                    file_len: entries.len() as u64,
-                    file_crc: crc,
-                    crcs: chunks::chunk_crcs(entries),
-                };
-                if table.write_sidecar(&index).is_ok() {
-                    chunks::record_checked(&index, table.crcs.len());
-                }
+    let entries = wanted(&index)
+        .then(|| fs::map_file(&index, "cache index").ok())
+        .flatten();
+    if let Some(entries) = entries.as_ref().and_then(|m| m.get(INDEX_HEADER_LEN..)) {
+        if crc32c(entries) == manifest.index_crc32c {
+            let table = ChunkTable {
+                file_len: entries.len() as u64,
+                file_crc: manifest.index_crc32c,
+                crcs: chunks::chunk_crcs(entries),
+            };
+            if table.write_sidecar(&index).is_ok() {
+                chunks::record_checked(&index, table.crcs.len());
             }
         }
     }
     let attributes = dir.join(ATTRIBUTES_FILE);
     let (len, crc) = (manifest.attributes_bytes, manifest.attributes_crc32c);
-    if ChunkTable::read_sidecar(&attributes, len, crc).is_none() {
+    if wanted(&attributes) {
         if let Ok(table) = ChunkTable::of_file(&attributes) {
             if (table.file_len, table.file_crc) == (len, crc)
                 && table.write_sidecar(&attributes).is_ok()

@@ -348,7 +348,8 @@ took = time.perf_counter() - t
 held = anon() - m0
 t = time.perf_counter()
 for _ in range(99):
-    next(batches)
+    if next(batches, None) is None:
+        break
 print(json.dumps({"first_batch_s": took, "anon_mib": held, "next_99_s": time.perf_counter() - t}))
 """
 

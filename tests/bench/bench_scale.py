@@ -123,9 +123,11 @@ m1 = mem()
 for _ in range(99):
     next(batches)
 m2 = mem()
-t = time.perf_counter()
-meta = ds.get_metadata()
-metadata = time.perf_counter() - t
+metadata = None
+if sys.argv[3] == "get_metadata":
+    t = time.perf_counter()
+    meta = ds.get_metadata()
+    metadata = time.perf_counter() - t
 print(json.dumps({
     "open_s": opened,
     "first_batch_s": first_batch,
@@ -138,10 +140,12 @@ print(json.dumps({
 """
 
 
-def reader(root: Path) -> dict[str, float]:
-    """A fresh process: open, 100 loader batches, get_metadata; its memory."""
+def reader(root: Path, get_metadata: bool = True) -> dict[str, float]:
+    """A fresh process: open, 100 loader batches, get_metadata (unless not
+    ``get_metadata``); its memory."""
+    then = "get_metadata" if get_metadata else "-"
     out = subprocess.run(
-        [sys.executable, "-c", READER, str(root), str(BATCH)],
+        [sys.executable, "-c", READER, str(root), str(BATCH), then],
         capture_output=True,
         text=True,
         timeout=1800,
@@ -174,39 +178,79 @@ def filtered(root: Path, where: str) -> dict[str, float]:
     return json.loads(out.stdout.splitlines()[-1])
 
 
-def measure(root: Path, ds: drt.Dataset, base: pl.DataFrame, rows: int, repeat: int) -> dict:
-    res: dict = {"rows": rows}
+SLICE = 1 << 22  # the default partition's rows
+
+
+def by_slices(meta: pl.DataFrame, make) -> pl.DataFrame:
+    """``make(piece, start)`` over ``meta`` cut in slices of ``SLICE`` rows,
+    as one chunked frame (``update_metadata`` takes it chunk by chunk).
+
+    A new column computed over the whole frame at once holds several
+    columns' worth of polars temporaries (a ``when/then`` over 10^9 rows
+    holds four columns of 8 GB: more than this machine has); slice by slice
+    it holds one slice's. The result is the same frame."""
+    pieces = [make(meta.slice(at, SLICE), at) for at in range(0, meta.height, SLICE)]
+    return pl.concat(pieces, rechunk=False)
+
+
+def measure(
+    root: Path, ds: drt.Dataset, base: pl.DataFrame, rows: int, repeat: int, lean: bool
+) -> dict:
+    """Every figure at ``rows``; with ``lean``, only those of the issue's
+    table (publish, SQL group-by once, a contiguous 1 % reweight, the alias
+    tables, readers without ``get_metadata``): what fits this machine's
+    memory and disk at 10^9 rows."""
+    res: dict = {"rows": rows, "lean": lean}
     reps = -(-rows // base.height)
-    frame = pl.concat([base] * reps).head(rows)
+    frame = pl.concat([base] * reps).head(rows)  # chunks share base's buffers
     t0 = time.perf_counter()
     ds.update_metadata(frame)
     res["publish_s"] = time.perf_counter() - t0
     del frame
     res["snapshot_bytes_per_row"] = snapshot_bytes(ds) / rows
+    print(f"{rows:.0e}: published in {res['publish_s']:.1f} s", file=sys.stderr)
 
-    # reweight: a new weight column; what it writes on disk
-    meta = ds.get_metadata()
-    before = tree_bytes(root)
-    new = meta.with_columns((1.0 / pl.len().over("label")).alias("weight"))
-    t0 = time.perf_counter()
-    ds.update_metadata(new)
-    res["reweight_s"] = time.perf_counter() - t0
-    del new
-    after = tree_bytes(root)
-    res["reweight_written_bytes"] = sum(v for k, v in after.items() if k not in before)
+    if not lean:
+        # reweight: a new weight column (1 / count over label); what it writes
+        meta = ds.get_metadata()
+        before = tree_bytes(root)
+        counts = meta.group_by("label").len()
+        new = by_slices(
+            meta,
+            lambda m, _: m.with_columns(
+                pl.col("label")
+                .replace_strict(counts["label"], 1.0 / counts["len"], return_dtype=pl.Float64)
+                .alias("weight")
+            ),
+        )
+        t0 = time.perf_counter()
+        ds.update_metadata(new)
+        res["reweight_s"] = time.perf_counter() - t0
+        del new, meta
+        after = tree_bytes(root)
+        res["reweight_written_bytes"] = sum(v for k, v in after.items() if k not in before)
     res["weight_column_bytes"] = rows * 8
     history = ds.history()
     res["partitions"] = int(history["partitions"][-1]) if "partitions" in history.columns else 1
-    for name, chosen in [
-        ("contiguous", pl.int_range(pl.len()) < rows // 100),
-        ("scattered", pl.int_range(pl.len()) % 100 == 0),
-    ]:
-        meta = ds.get_metadata()
+
+    def reweight_1pct(chosen) -> pl.DataFrame:
+        """The active population with the weight of the rows ``chosen(row)`` doubled."""
+        return by_slices(
+            ds.get_metadata(),
+            lambda m, at: m.with_columns(
+                pl.when(chosen(pl.int_range(pl.len()) + at))
+                .then(pl.col("weight") * 2)
+                .otherwise(pl.col("weight"))
+            ),
+        )
+
+    ways = [("contiguous", lambda row: row < rows // 100)]
+    if not lean:
+        ways.append(("scattered", lambda row: row % 100 == 0))
+    for name, chosen in ways:
         before = tree_bytes(root)
         t0 = time.perf_counter()
-        new = meta.with_columns(
-            pl.when(chosen).then(pl.col("weight") * 2).otherwise(pl.col("weight"))
-        )
+        new = reweight_1pct(chosen)
         res[f"reweight_1pct_{name}_polars_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         ds.update_metadata(new)
@@ -216,14 +260,13 @@ def measure(root: Path, ds: drt.Dataset, base: pl.DataFrame, rows: int, repeat: 
         res[f"reweight_1pct_{name}_written_bytes"] = sum(
             v for k, v in after.items() if k not in before
         )
-        del meta
     res["alias_bytes_per_row"] = 12  # f64 probability + u32 alias (docs/FORMAT.md)
 
-    # SQL group-by (median of `repeat`)
+    # SQL group-by (median of `repeat`; one run when lean)
     q = "SELECT label, count(*) AS n, sum(weight) AS w FROM metadata GROUP BY label"
     ds.sql(q)
     times = []
-    for _ in range(repeat):
+    for _ in range(1 if lean else repeat):
         t0 = time.perf_counter()
         ds.sql(q)
         times.append(time.perf_counter() - t0)
@@ -233,11 +276,20 @@ def measure(root: Path, ds: drt.Dataset, base: pl.DataFrame, rows: int, repeat: 
     # the table of the partition it lands in, the rest of a first batch the
     # tables of every partition its draws land in (together, on the
     # engine's threads); then a reweight of 1 % of the rows (contiguous)
-    # and the next first batch: one partition's table is new
+    # and the next first batch: one partition's table is new. The weight
+    # differs in every partition (the base's samples repeat with a period
+    # that would give partitions equal weight columns, which share a table)
     def aliases() -> set[str]:
         return {p.name for p in root.rglob("*.alias")}
 
-    ds.update_metadata(ds.get_metadata().with_columns((pl.col("quality") + 0.01).alias("weight")))
+    ds.update_metadata(
+        by_slices(
+            ds.get_metadata(),
+            lambda m, at: m.with_columns(
+                ((pl.col("quality") + 0.01) * (1.0 + at / rows)).alias("weight")
+            ),
+        )
+    )
     before = aliases()
     t0 = time.perf_counter()
     ds.draws(1, count=1)
@@ -245,42 +297,42 @@ def measure(root: Path, ds: drt.Dataset, base: pl.DataFrame, rows: int, repeat: 
     ds.draws(1, count=BATCH)
     res["alias_build_s"] = time.perf_counter() - t0
     res["alias_tables_built"] = len(aliases() - before)
-    meta = ds.get_metadata()
-    ds.update_metadata(
-        meta.with_columns(
-            pl.when(pl.int_range(pl.len()) < rows // 100)
-            .then(pl.col("weight") * 2)
-            .otherwise(pl.col("weight"))
-        )
-    )
-    del meta
+    ds.update_metadata(reweight_1pct(lambda row: row < rows // 100))
     before = aliases()
     t0 = time.perf_counter()
     ds.draws(1, count=BATCH)
     res["alias_after_reweight_1pct_s"] = time.perf_counter() - t0
     res["alias_tables_after_reweight_1pct"] = len(aliases() - before)
+    print(f"{rows:.0e}: alias tables measured", file=sys.stderr)
 
-    # a filter the partitions' recorded ranges answer (only the doubled 1 %
-    # weighs over 1.5: one partition read) against the same rows through an
-    # expression the ranges cannot see through (every partition read)
-    pruned = [filtered(root, "weight > 1.5") for _ in range(repeat)]
-    full = [filtered(root, "abs(weight) > 1.5") for _ in range(repeat)]
-    assert {r["rows"] for r in pruned} == {r["rows"] for r in full}, (pruned, full)
-    res["filter_rows"] = pruned[0]["rows"]
-    res["filter_pruned_s"] = statistics.median(r["s"] for r in pruned)
-    res["filter_full_s"] = statistics.median(r["s"] for r in full)
+    if not lean:
+        # a filter the partitions' recorded ranges answer (only the doubled
+        # 1 % weighs over 1.5: one partition read) against the same rows
+        # through an expression the ranges cannot see through (every
+        # partition read)
+        pruned = [filtered(root, "weight > 1.5") for _ in range(repeat)]
+        full = [filtered(root, "abs(weight) > 1.5") for _ in range(repeat)]
+        assert {r["rows"] for r in pruned} == {r["rows"] for r in full}, (pruned, full)
+        res["filter_rows"] = pruned[0]["rows"]
+        res["filter_pruned_s"] = statistics.median(r["s"] for r in pruned)
+        res["filter_full_s"] = statistics.median(r["s"] for r in full)
 
     # a fresh reader process (page cache warm: the files were just written):
     # the host's first checks the chunks it reads and records that; the
     # second and later ones skip them (/dev/shm/datasetrt-<uid>/verified,
-    # emptied here so that the first is the host's first)
+    # emptied here so that the first is the host's first). The alias tables
+    # of the partitions the readers' draws land in are made first (they are
+    # stored in the dataset, made once by whichever process draws first:
+    # their cost is the alias figures above)
+    ds.draws(3, count=100 * BATCH)
     shutil.rmtree(VERIFIED, ignore_errors=True)
-    first = reader(root)
+    first = reader(root, get_metadata=not lean)
     for key in first:
         res[f"reader_{key}"] = first[key]
-    runs = [reader(root) for _ in range(max(1, repeat // 2))]
+    runs = [reader(root, get_metadata=not lean) for _ in range(max(1, repeat // 2))]
     for key in runs[0]:
-        res[f"second_reader_{key}"] = statistics.median(r[key] for r in runs)
+        got = [r[key] for r in runs if r[key] is not None]
+        res[f"second_reader_{key}"] = statistics.median(got) if got else None
     return res
 
 
@@ -475,6 +527,13 @@ def gained_source(tmp: Path, rows: int, caches: int, repeat: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rows", type=int, nargs="*", default=[1_000_000, 10_000_000])
+    p.add_argument(
+        "--lean",
+        type=int,
+        nargs="*",
+        default=[],
+        help="sizes of --rows measured for the issue's table only (1e9 fits this machine so)",
+    )
     p.add_argument("--distinct", type=int, nargs="*", default=[1_000_000, 10_000_000])
     p.add_argument("--bucket", type=int, nargs="*", default=[1_000_000])
     p.add_argument("--gain", type=int, nargs="*", default=[1_000_000, 10_000_000])
@@ -500,7 +559,7 @@ def main() -> None:
         base = ds.get_metadata().select("cache_id", "sample_id", "label", "quality", "weight")
         print(f"extension profile: {args.profile}; {os.cpu_count()} CPUs")
         for rows in args.rows:
-            res = measure(root, ds, base, rows, args.repeat)
+            res = measure(root, ds, base, rows, args.repeat, rows in args.lean)
             results["sizes"].append(res)
             print(json.dumps(res))
             sys.stdout.flush()
@@ -522,6 +581,23 @@ def main() -> None:
             sys.stdout.flush()
     ms = lambda s: f"{s * 1e3:.0f} ms"  # noqa: E731
     print(
+        "\n| rows (partitions) | open + first batch, the host's first process / a later one "
+        "| reweight 1 % of rows, contiguous (written) "
+        "| alias build: first batch (tables) / after a 1 % reweight (tables) "
+        "| publish | SQL group-by | reader heap, first / later |\n|---|---|---|---|---|---|---|"
+    )
+    for r in results["sizes"]:
+        print(
+            f"| {r['rows']:.0e} ({r['partitions']}) | {ms(r['reader_first_batch_s'])} / "
+            f"{ms(r['second_reader_first_batch_s'])} "
+            f"| {ms(r['reweight_1pct_contiguous_s'])} "
+            f"({r['reweight_1pct_contiguous_written_bytes'] / 2**20:.0f} MiB) "
+            f"| {ms(r['alias_build_s'])} ({r['alias_tables_built']}) / "
+            f"{ms(r['alias_after_reweight_1pct_s'])} ({r['alias_tables_after_reweight_1pct']}) "
+            f"| {r['publish_s']:.1f} s | {ms(r['groupby_s'])} "
+            f"| {r['reader_anon_read_mib']:.1f} / {r['second_reader_anon_read_mib']:.1f} MiB |"
+        )
+    print(
         "\n| rows | open + first batch, the host's first process / a later one "
         "| get_metadata, first / later | SQL group-by "
         "| reweight all (written) | reweight 1 %, contiguous / scattered (written) "
@@ -531,6 +607,8 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|"
     )
     for r in results["sizes"]:
+        if r["lean"]:
+            continue
         print(
             f"| {r['rows']:.0e} | {ms(r['reader_first_batch_s'])} / "
             f"{ms(r['second_reader_first_batch_s'])} "

@@ -148,6 +148,9 @@ def costs(path: Path) -> tuple[dict, dict]:
     data = json.loads(path.read_text())
     top = max(data["sizes"], key=lambda r: r["rows"])
     n = top["rows"]
+    # a size measured lean (bench_scale.py --lean) has no whole reweight:
+    # take its cost per row from the largest size that has one
+    whole = max((r for r in data["sizes"] if "reweight_s" in r), key=lambda r: r["rows"])
     return data, {
         "rows": n,
         "snapshot_bytes_per_row": top["snapshot_bytes_per_row"],
@@ -161,7 +164,7 @@ def costs(path: Path) -> tuple[dict, dict]:
         / min(n, 1 << 22)
         if "alias_tables_built" in top
         else top["alias_build_s"] / n,
-        "reweight_s_per_row": top["reweight_s"] / n,
+        "reweight_s_per_row": whole["reweight_s"] / whole["rows"],
         "anon_mib": top["reader_anon_read_mib"],
         "reweight_1pct_s_per_row": (top["reweight_1pct_contiguous_s"] / n)
         if "reweight_1pct_contiguous_s" in top

@@ -308,8 +308,9 @@ fn build_group(
     let mut flush = |pending: &mut Vec<RecordBatch>, out: &mut Vec<PartitionEntry>| -> Result<()> {
         let cut = Partitioned::new(schema, pending, per, None)?;
         pending.clear();
-        for (batch, hashes) in cut.parts() {
-            out.push(super::snapshot::store_partition(dir, batch, hashes, known)?);
+        for part in cut.parts() {
+            let (batch, hashes) = part?;
+            out.push(super::snapshot::store_partition(dir, &batch, hashes, known)?);
         }
         Ok(())
     };

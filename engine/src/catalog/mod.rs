@@ -361,26 +361,24 @@ impl Dataset {
     ) -> Result<Arc<Snapshot>> {
         let (schema, batches) = validate::normalize(schema, batches)?;
         let active = self.snapshot();
-        let population =
-            snapshot::Partitioned::new(&schema, &batches, self.partition_rows, Some(&active))?;
-        drop(batches);
         // Identities are checked per partition, except where a partition's
         // identity columns are the active snapshot's (checked when written):
         // a reweight reads only its weights.
         let checked = active.identity_hashes();
+        let ids = (schema.index_of("cache_id")?, schema.index_of("sample_id")?);
         let mut total = 0.0;
-        let mut first_row = 0;
-        for (i, batch) in population.batches().iter().enumerate() {
-            let known = match (
-                population.hash(i, "cache_id"),
-                population.hash(i, "sample_id"),
-            ) {
-                (Some(ids), Some(samples)) => checked.contains(&(ids, samples)),
-                _ => false,
-            };
-            total += validate::check_rows(&self.caches, batch, first_row, !known)?;
-            first_row += batch.num_rows();
-        }
+        let population = snapshot::Partitioned::checked(
+            &schema,
+            &batches,
+            self.partition_rows,
+            Some(&active),
+            |first_row, part, hashes| {
+                let known = checked.contains(&(hashes[ids.0].as_str(), hashes[ids.1].as_str()));
+                total += validate::check_rows(&self.caches, part, first_row, !known)?;
+                Ok(())
+            },
+        )?;
+        drop(batches);
         validate::check_total(population.num_rows(), total)?;
         drop(checked);
         let base = base.unwrap_or_else(|| active.number());

@@ -599,11 +599,18 @@ pub fn default_partition_rows() -> usize {
 pub const MAX_PARTITION_ROWS: usize = u32::MAX as usize;
 
 /// A new population cut into partitions, each column of each hashed: what
-/// `publish` stores.
+/// `publish` stores. It holds the rows as given and where each partition
+/// ends, never the partitions themselves: a partition cut from several
+/// batches is made (copied into one) when it is hashed and again when it is
+/// stored, a window of partitions at a time, so that an update holds its
+/// input and a few partitions, not a second copy of the population (40 GB
+/// at 10^9 rows of five columns).
 #[derive(Debug)]
 pub struct Partitioned {
     schema: SchemaRef,
     batches: Vec<RecordBatch>,
+    /// The rows of each partition, in order.
+    sizes: Vec<usize>,
     /// Per partition, the content hash of each column.
     hashes: Vec<Vec<String>>,
     rows: usize,
@@ -629,62 +636,41 @@ impl Partitioned {
         per: usize,
         known: Option<&Snapshot>,
     ) -> Result<Partitioned> {
-        let per = per.max(1);
-        // a population no larger than `known` (a reweight, a filter) is cut
-        // as `known` is, then in partitions of `per` rows: a reweight then
-        // shares every partition's other columns, and a filter those before
-        // its first removed row, whatever cut snapshot 0's groups of caches
-        // made; a larger one, or one whose partitions are larger than `per`
-        // (the setting was lowered), is cut every `per` rows
-        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-        let fits = |s: &Snapshot| (0..s.num_partitions()).all(|p| s.partition_rows(p) <= per);
-        let cut: Vec<usize> = match known {
-            Some(s) if rows <= s.num_rows() && fits(s) => (0..s.num_partitions())
-                .map(|p| s.partition_rows(p))
-                .collect(),
-            _ => Vec::new(),
-        };
-        let target = |part: usize| cut.get(part).copied().unwrap_or(per).max(1);
-        let mut parts = Vec::new();
-        // the pieces of the partition being cut, and whether the one piece
-        // is a whole batch as given
-        let mut pending: Vec<RecordBatch> = Vec::new();
-        let mut whole = false;
-        let mut pending_rows = 0;
-        let flush = |pending: &mut Vec<RecordBatch>, whole: bool| -> Result<RecordBatch> {
-            let part = match pending.as_slice() {
-                [one] if whole => one.clone(),
-                [one] => compact_variable(one)?,
-                _ => compact(schema, pending)?,
-            };
-            pending.clear();
-            Ok(part)
-        };
-        for batch in batches {
-            let mut at = 0;
-            while at < batch.num_rows() {
-                let per = target(parts.len());
-                let take = (per - pending_rows).min(batch.num_rows() - at);
-                whole = pending.is_empty() && take == batch.num_rows();
-                pending.push(batch.slice(at, take));
-                pending_rows += take;
-                at += take;
-                if pending_rows == per {
-                    parts.push(flush(&mut pending, whole)?);
-                    pending_rows = 0;
-                }
+        Self::checked(schema, batches, per, known, |_, _, _| Ok(()))
+    }
+
+    /// [`Partitioned::new`], calling `check(first_row, partition, hashes)`
+    /// on each partition once it is hashed (the first error is returned).
+    pub fn checked(
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+        per: usize,
+        known: Option<&Snapshot>,
+        mut check: impl FnMut(usize, &RecordBatch, &[String]) -> Result<()>,
+    ) -> Result<Partitioned> {
+        let sizes = cut(batches, per, known);
+        let by_address = known.map(Snapshot::hashes_by_address).unwrap_or_default();
+        // a window of partitions is hashed on the engine's threads together
+        let window = crate::threads().clamp(1, 4);
+        let mut parts = Cuts::new(schema, batches, &sizes);
+        let mut hashes = Vec::with_capacity(sizes.len());
+        let mut first_row = 0;
+        loop {
+            let made = parts.by_ref().take(window).collect::<Result<Vec<_>>>()?;
+            if made.is_empty() {
+                break;
+            }
+            for (part, h) in made.iter().zip(hash_partitions(&made, &by_address)) {
+                check(first_row, part, &h)?;
+                first_row += part.num_rows();
+                hashes.push(h);
             }
         }
-        if pending_rows > 0 {
-            parts.push(flush(&mut pending, whole)?);
-        }
-        let parts = parts.into_iter().map(tighten).collect::<Result<Vec<_>>>()?;
-        let known = known.map(Snapshot::hashes_by_address).unwrap_or_default();
-        let hashes = hash_partitions(&parts, &known);
         Ok(Partitioned {
             schema: schema.clone(),
-            rows: parts.iter().map(|p| p.num_rows()).sum(),
-            batches: parts,
+            batches: batches.to_vec(),
+            rows: sizes.iter().sum(),
+            sizes,
             hashes,
         })
     }
@@ -693,23 +679,99 @@ impl Partitioned {
         self.rows
     }
 
-    /// The partitions, in row order.
-    pub fn batches(&self) -> &[RecordBatch] {
-        &self.batches
-    }
-
-    /// Each partition with the content hash of each of its columns.
-    pub(super) fn parts(&self) -> impl Iterator<Item = (&RecordBatch, &[String])> {
-        self.batches
-            .iter()
+    /// Each partition, made again, with the content hash of each of its
+    /// columns, in row order.
+    pub(super) fn parts(&self) -> impl Iterator<Item = Result<(RecordBatch, &[String])>> + '_ {
+        Cuts::new(&self.schema, &self.batches, &self.sizes)
             .zip(&self.hashes)
-            .map(|(b, h)| (b, h.as_slice()))
+            .map(|(part, h)| Ok((part?, h.as_slice())))
+    }
+}
+
+/// The rows of each partition of `batches` (see [`Partitioned::new`]).
+fn cut(batches: &[RecordBatch], per: usize, known: Option<&Snapshot>) -> Vec<usize> {
+    let per = per.max(1);
+    // a population no larger than `known` (a reweight, a filter) is cut
+    // as `known` is, then in partitions of `per` rows: a reweight then
+    // shares every partition's other columns, and a filter those before
+    // its first removed row, whatever cut snapshot 0's groups of caches
+    // made; a larger one, or one whose partitions are larger than `per`
+    // (the setting was lowered), is cut every `per` rows
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let fits = |s: &Snapshot| (0..s.num_partitions()).all(|p| s.partition_rows(p) <= per);
+    let known: Vec<usize> = match known {
+        Some(s) if rows <= s.num_rows() && fits(s) => (0..s.num_partitions())
+            .map(|p| s.partition_rows(p))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let mut sizes = Vec::new();
+    let mut left = rows;
+    while left > 0 {
+        let take = known.get(sizes.len()).copied().unwrap_or(per).max(1).min(left);
+        sizes.push(take);
+        left -= take;
+    }
+    sizes
+}
+
+/// The partitions of `batches` at `sizes`, made one at a time.
+struct Cuts<'a> {
+    schema: &'a SchemaRef,
+    batches: &'a [RecordBatch],
+    sizes: std::slice::Iter<'a, usize>,
+    /// The batch the next partition starts in, and its row there.
+    batch: usize,
+    at: usize,
+}
+
+impl<'a> Cuts<'a> {
+    fn new(schema: &'a SchemaRef, batches: &'a [RecordBatch], sizes: &'a [usize]) -> Self {
+        Cuts {
+            schema,
+            batches,
+            sizes: sizes.iter(),
+            batch: 0,
+            at: 0,
+        }
     }
 
-    /// The content hash of column `name` in partition `part`.
-    pub fn hash(&self, part: usize, name: &str) -> Option<&str> {
-        let at = self.schema.index_of(name).ok()?;
-        Some(self.hashes.get(part)?.get(at)?.as_str())
+    fn make(&mut self, rows: usize) -> Result<RecordBatch> {
+        let mut pieces = Vec::new();
+        // whether the one piece is a whole batch as given
+        let mut whole = false;
+        let mut need = rows;
+        while need > 0 {
+            let Some(batch) = self.batches.get(self.batch) else {
+                return Err(Error::internal("a partition was cut past the rows given"));
+            };
+            let take = need.min(batch.num_rows() - self.at);
+            whole = pieces.is_empty() && take == batch.num_rows();
+            if take > 0 {
+                pieces.push(batch.slice(self.at, take));
+            }
+            self.at += take;
+            need -= take;
+            if self.at == batch.num_rows() {
+                self.batch += 1;
+                self.at = 0;
+            }
+        }
+        let part = match pieces.as_slice() {
+            [one] if whole => one.clone(),
+            [one] => compact_variable(one)?,
+            _ => compact(self.schema, &pieces)?,
+        };
+        tighten(part)
+    }
+}
+
+impl Iterator for Cuts<'_> {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let rows = *self.sizes.next()?;
+        Some(self.make(rows))
     }
 }
 
@@ -1128,7 +1190,10 @@ pub fn publish(
     let mut known = Known::of_parent(dir, parent);
     let partitions = population
         .parts()
-        .map(|(batch, hashes)| store_partition(dir, batch, hashes, &mut known))
+        .map(|part| {
+            let (batch, hashes) = part?;
+            store_partition(dir, &batch, hashes, &mut known)
+        })
         .collect::<Result<Vec<_>>>()?;
     write_manifest(dir, &partitions, number, note, parent)
 }

@@ -310,7 +310,9 @@ fn build_group(
         pending.clear();
         for part in cut.parts() {
             let (batch, hashes) = part?;
-            out.push(super::snapshot::store_partition(dir, &batch, hashes, known)?);
+            out.push(super::snapshot::store_partition(
+                dir, &batch, hashes, known,
+            )?);
         }
         Ok(())
     };

@@ -708,7 +708,12 @@ fn cut(batches: &[RecordBatch], per: usize, known: Option<&Snapshot>) -> Vec<usi
     let mut sizes = Vec::new();
     let mut left = rows;
     while left > 0 {
-        let take = known.get(sizes.len()).copied().unwrap_or(per).max(1).min(left);
+        let take = known
+            .get(sizes.len())
+            .copied()
+            .unwrap_or(per)
+            .max(1)
+            .min(left);
         sizes.push(take);
         left -= take;
     }

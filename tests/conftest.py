@@ -85,15 +85,17 @@ def payload_digest(root: Path) -> dict[str, str]:
     return out
 
 
-def run_child(script: str, *args: object) -> str:
-    """Run `script` in a fresh interpreter and return its stdout. Tests of
-    threads sharing one object run there, so a deadlock fails the test (after
-    a timeout) instead of hanging the suite."""
+def run_child(script: str, *args: object, env: dict[str, str] | None = None) -> str:
+    """Run `script` in a fresh interpreter (with `env`, default this
+    process's) and return its stdout. Tests of threads sharing one object
+    run there, so a deadlock fails the test (after a timeout) instead of
+    hanging the suite."""
     done = subprocess.run(
         [sys.executable, "-c", script, *map(str, args)],
         capture_output=True,
         text=True,
         timeout=120,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout

@@ -306,14 +306,13 @@ fn build_group(
     let mut pending: Vec<RecordBatch> = Vec::new();
     let mut pending_rows = 0;
     let mut flush = |pending: &mut Vec<RecordBatch>, out: &mut Vec<PartitionEntry>| -> Result<()> {
-        let cut = Partitioned::new(schema, pending, per, None)?;
+        // each partition is stored as soon as it is cut and hashed (nothing
+        // here is checked before anything is written, as an update is)
+        Partitioned::new(schema, pending, per, None, |_, batch, hashes| {
+            out.push(super::snapshot::store_partition(dir, batch, hashes, known)?);
+            Ok(())
+        })?;
         pending.clear();
-        for part in cut.parts() {
-            let (batch, hashes) = part?;
-            out.push(super::snapshot::store_partition(
-                dir, &batch, hashes, known,
-            )?);
-        }
         Ok(())
     };
     for cache in members {

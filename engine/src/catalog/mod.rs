@@ -367,7 +367,7 @@ impl Dataset {
         let checked = active.identity_hashes();
         let ids = (schema.index_of("cache_id")?, schema.index_of("sample_id")?);
         let mut total = 0.0;
-        let population = snapshot::Partitioned::checked(
+        let population = snapshot::Partitioned::new(
             &schema,
             &batches,
             self.partition_rows,
@@ -378,7 +378,6 @@ impl Dataset {
                 Ok(())
             },
         )?;
-        drop(batches);
         validate::check_total(population.num_rows(), total)?;
         drop(checked);
         let base = base.unwrap_or_else(|| active.number());

@@ -613,7 +613,6 @@ pub struct Partitioned {
     sizes: Vec<usize>,
     /// Per partition, the content hash of each column.
     hashes: Vec<Vec<String>>,
-    rows: usize,
 }
 
 impl Partitioned {
@@ -630,18 +629,10 @@ impl Partitioned {
     /// column of the active snapshot handed back unchanged, say through
     /// `get_metadata` and polars) takes that array's hash without reading
     /// its bytes.
+    ///
+    /// `check(first_row, partition, hashes)` is called on each partition
+    /// once it is hashed, while it is held (the first error is returned).
     pub fn new(
-        schema: &SchemaRef,
-        batches: &[RecordBatch],
-        per: usize,
-        known: Option<&Snapshot>,
-    ) -> Result<Partitioned> {
-        Self::checked(schema, batches, per, known, |_, _, _| Ok(()))
-    }
-
-    /// [`Partitioned::new`], calling `check(first_row, partition, hashes)`
-    /// on each partition once it is hashed (the first error is returned).
-    pub fn checked(
         schema: &SchemaRef,
         batches: &[RecordBatch],
         per: usize,
@@ -669,14 +660,13 @@ impl Partitioned {
         Ok(Partitioned {
             schema: schema.clone(),
             batches: batches.to_vec(),
-            rows: sizes.iter().sum(),
             sizes,
             hashes,
         })
     }
 
     pub fn num_rows(&self) -> usize {
-        self.rows
+        self.sizes.iter().sum()
     }
 
     /// Each partition, made again, with the content hash of each of its

@@ -196,15 +196,26 @@ struct WeightTables {
     at: Positions,
 }
 
+impl WeightTables {
+    /// Where partition `p`'s table is stored: named by its weight column.
+    fn table_file(&self, p: usize) -> PathBuf {
+        let hash = &self.partitions[p].columns[self.at.weight].hash;
+        self.dir.join(COLUMNS_DIR).join(format!("{hash}.alias"))
+    }
+}
+
 impl PartitionSource for WeightTables {
     fn table(&self, p: usize) -> Result<AliasTable> {
-        let entry = &self.partitions[p];
-        let hash = &entry.columns[self.at.weight].hash;
-        let file = self.dir.join(COLUMNS_DIR).join(format!("{hash}.alias"));
-        match AliasTable::stored(&file, entry.rows)? {
+        match self.stored(p)? {
             Some(table) => Ok(table),
-            None => AliasTable::build_stored(&file, &self.weights(p)?.as_ref().into()),
+            None => {
+                AliasTable::build_stored(&self.table_file(p), &self.weights(p)?.as_ref().into())
+            }
         }
+    }
+
+    fn stored(&self, p: usize) -> Result<Option<AliasTable>> {
+        AliasTable::stored(&self.table_file(p), self.partitions[p].rows)
     }
 
     fn weights(&self, p: usize) -> Result<ScalarBuffer<f64>> {
@@ -259,6 +270,7 @@ impl Column {
         if let Some(chunks) = &self.chunks {
             chunks.check_all(chunks::check_threads())?;
         }
+        fs::advise(&self.buffer, fs::Access::Whole);
         self.decode()
     }
 
@@ -271,6 +283,14 @@ impl Column {
         Ok(self.array.get_or_init(|| array))
     }
 
+    /// The bytes of the mapping `values[row]` (this column's decoded Int64
+    /// values) lies in; `None` if the decoder copied the values out of it.
+    #[inline]
+    fn place(&self, values: &ScalarBuffer<i64>, row: usize) -> Option<std::ops::Range<usize>> {
+        let at = (values.inner().as_ptr() as usize).wrapping_sub(self.buffer.as_ptr() as usize);
+        (at < self.buffer.len()).then(|| at + row * 8..at + row * 8 + 8)
+    }
+
     /// Check value `row` of `values` (this column's decoded Int64 values)
     /// before it is read.
     #[inline]
@@ -278,12 +298,24 @@ impl Column {
         let Some(chunks) = &self.chunks else {
             return Ok(());
         };
-        let at = (values.inner().as_ptr() as usize).wrapping_sub(self.buffer.as_ptr() as usize);
-        if at < self.buffer.len() {
-            chunks.check(at + row * 8..at + row * 8 + 8)
-        } else {
+        match self.place(values, row) {
+            Some(bytes) => chunks.check(bytes),
             // the decoder copied the values out of the mapping: check it all
-            chunks.check_all(chunks::check_threads())
+            None => chunks.check_all(chunks::check_threads()),
+        }
+    }
+
+    /// Ask the kernel to start reading what [`Column::check`] and a read
+    /// of `values[row]` will touch, without waiting (advice only).
+    fn advise(&self, values: &ScalarBuffer<i64>, row: usize) {
+        let Some(bytes) = self.place(values, row) else {
+            return; // copied out of the mapping: in memory
+        };
+        match &self.chunks {
+            Some(chunks) => chunks.advise(bytes),
+            None => {
+                fs::advise(&self.buffer[bytes], fs::Access::Soon);
+            }
         }
     }
 }
@@ -305,6 +337,9 @@ fn one_column(file: &Path, batches: Vec<RecordBatch>) -> Result<ArrayRef> {
 fn open_column(dir: &Path, entry: &ColumnEntry) -> Result<(Field, Column)> {
     let file = dir.join(COLUMNS_DIR).join(format!("{}.arrow", entry.hash));
     let buffer = fs::map_buffer(&file, "snapshot column")?;
+    // read in place a few values at a time (a loader's draws, the header)
+    // until a reader asks for it whole (`Column::whole`)
+    fs::advise(&buffer, fs::Access::Sparse);
     let table = match (entry.crc, entry.len) {
         (Some(crc), Some(len)) if buffer.len() as u64 == len => {
             ChunkTable::read_sidecar(&file, len, crc)
@@ -1797,6 +1832,36 @@ impl Snapshot {
         column(self.cache_col).check(&part.ids, r)?;
         column(self.sample_col).check(&part.samples, r)?;
         Ok((part.ids[r], part.samples[r]))
+    }
+
+    /// Ask the kernel to start reading, without waiting, what
+    /// [`Snapshot::identity`] of each of `rows` will read, after mapping the
+    /// partitions they lie in on [`crate::IO_THREADS`]: the reads of a
+    /// batch's draws then go to the disk together instead of one after
+    /// another. Advice only: a row that cannot be read is left to
+    /// `identity` to report.
+    pub fn advise_identities(&self, rows: &[usize]) {
+        let mut unopened: Vec<&Partition> = rows
+            .iter()
+            .filter(|&&r| r < self.rows)
+            .map(|&r| self.locate(r).0)
+            .filter(|part| part.opened.get().is_none())
+            .collect();
+        unopened.sort_unstable_by_key(|part| part.index);
+        unopened.dedup_by_key(|part| part.index);
+        // a failure is the draw's to report (`identity`), not advice's
+        let _ = crate::try_each(&unopened, crate::IO_THREADS, |part| {
+            self.opened(part).map(|_| ())
+        });
+        for &row in rows.iter().filter(|&&r| r < self.rows) {
+            let (part, r) = self.locate(row);
+            let Ok(part) = self.opened(part) else {
+                continue;
+            };
+            let column = |k: usize| part.columns[k].get().expect("opened with the partition");
+            column(self.cache_col).advise(&part.ids, r);
+            column(self.sample_col).advise(&part.samples, r);
+        }
     }
 
     /// The `cache_id` and `sample_id` columns whole, one pair of slices per

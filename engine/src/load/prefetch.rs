@@ -94,10 +94,18 @@ fn draws<'a>(
             let (start, end) = plan.block_range(b);
             // a failure here is the first draw's of the block, below
             let _ = sampler.prepare(start..end, crate::threads());
-            start..end
+            // What the block's draws read is known before they read it: the
+            // kernel is asked for all of it first, so that a snapshot larger
+            // than the page cache costs one wait for the disk per step, not
+            // one per draw (10^9 rows: 2.2 s for a first batch otherwise)
+            sampler.advise(start..end);
+            let rows: Vec<Result<u64>> = (start..end).map(|k| sampler.row(k)).collect();
+            let known: Vec<usize> = rows.iter().flatten().map(|&r| r as usize).collect();
+            snapshot.advise_identities(&known);
+            rows
         })
-        .map(move |k| {
-            let (id, sample) = snapshot.identity(sampler.row(k)? as usize)?;
+        .map(move |row| {
+            let (id, sample) = snapshot.identity(row? as usize)?;
             hint = caches.position_near(id, hint).unwrap_or(hint);
             Ok((hint as u32, sample as u64))
         })

@@ -193,6 +193,8 @@ impl AliasTable {
     /// checked here, the body's chunks as draws read them.
     fn map(path: &Path, n: usize) -> Result<AliasTable> {
         let mmap = Arc::new(map_file(path, "alias table")?);
+        // draws read an entry here and there
+        crate::store::fs::advise(&mmap, crate::store::fs::Access::Sparse);
         let bad = |detail: String| Error::corrupt(path, detail);
         check_magic(path, &mmap, &MAGIC, "alias table")?;
         header_version(path, &mmap, VERSION..=VERSION)?;
@@ -246,6 +248,21 @@ impl AliasTable {
         check.check(column * 8..column * 8 + 8)?;
         let at = n * 8 + column * 4;
         check.check(at..at + 4)
+    }
+
+    /// Ask the kernel to start reading the entry a draw of `bits` reads
+    /// (and, unchecked, its chunks), without waiting: the reads of a run of
+    /// draws then go to the disk together. A table in memory has nothing
+    /// to read.
+    pub fn advise(&self, bits: u64) {
+        let Some(check) = self.check.as_deref() else {
+            return;
+        };
+        let n = self.prob.len();
+        let column = ((bits as u128 * n as u128) >> 64) as usize;
+        check.advise(column * 8..column * 8 + 8);
+        let at = n * 8 + column * 4;
+        check.advise(at..at + 4);
     }
 
     /// The row chosen by 64 random bits. An error is a damaged chunk of a

@@ -25,8 +25,7 @@
 //! With one partition both are exactly the flat samplers' draws.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use arrow::buffer::ScalarBuffer;
 
@@ -45,6 +44,11 @@ const BLOCK: usize = 256;
 pub trait PartitionSource: Send + Sync + std::fmt::Debug {
     /// Map, or build and store, the alias table of partition `p`'s weights.
     fn table(&self, p: usize) -> Result<AliasTable>;
+    /// Partition `p`'s stored table, mapped; `None` when it is to be built
+    /// (or is not stored at all).
+    fn stored(&self, _p: usize) -> Result<Option<AliasTable>> {
+        Ok(None)
+    }
     /// Partition `p`'s weights, every chunk checked, their sum in row order
     /// the partition's recorded mass.
     fn weights(&self, p: usize) -> Result<ScalarBuffer<f64>>;
@@ -176,6 +180,17 @@ impl PartitionedWeights {
         Ok(self.starts[p] + self.table(p)?.draw(inner)? as u64)
     }
 
+    /// Ask the kernel to start reading what a draw of `bits` reads in its
+    /// partition's table, if that table is made (see
+    /// [`AliasTable::advise`]).
+    pub fn advise(&self, bits: u64) {
+        if let Ok((p, inner)) = self.split(bits) {
+            if let Some(table) = self.tables[p].get() {
+                table.advise(inner);
+            }
+        }
+    }
+
     /// Make the tables of every partition the draws of `bits` land in that
     /// are not made yet, on up to `threads` threads. Drawing them then reads
     /// tables only.
@@ -207,33 +222,22 @@ impl PartitionedWeights {
         self.make(needed, threads)
     }
 
-    /// Make the tables of partitions `needed`.
+    /// Make the tables of partitions `needed`: those stored mapped first,
+    /// on [`crate::IO_THREADS`] (a few small reads each, mostly waiting on
+    /// the disk), then the others built, on up to `threads`.
     fn make(&self, needed: Vec<usize>, threads: usize) -> Result<()> {
-        let threads = threads.clamp(1, needed.len().max(1));
-        if threads == 1 {
-            return needed.iter().try_for_each(|&p| self.table(p).map(|_| ()));
-        }
-        let next = AtomicUsize::new(0);
-        let failed = Mutex::new(None);
-        std::thread::scope(|scope| {
-            for _ in 0..threads {
-                scope.spawn(|| {
-                    while let Some(&p) = needed.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        if let Err(e) = self.table(p) {
-                            failed
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .get_or_insert(e);
-                            return;
-                        }
-                    }
-                });
+        let map = |&p: &usize| -> Result<()> {
+            if let Some(table) = self.source.stored(p)? {
+                let _ = self.tables[p].set(table);
             }
-        });
-        match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+            Ok(())
+        };
+        crate::try_each(&needed, crate::IO_THREADS, map)?;
+        let built: Vec<usize> = needed
+            .into_iter()
+            .filter(|&p| self.tables[p].get().is_none())
+            .collect();
+        crate::try_each(&built, threads, |&p| self.table(p).map(|_| ()))
     }
 
     /// How many partitions' tables are made.

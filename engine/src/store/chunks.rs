@@ -526,6 +526,23 @@ impl ChunkCheck {
         self.check_slow(bytes)
     }
 
+    /// Ask the kernel to start reading what a coming [`check`](Self::check)
+    /// and read of `bytes` will touch, without waiting: their chunks whole
+    /// while one is still to be checked (its check reads all of it), else
+    /// their pages alone. Advice only: it checks nothing.
+    pub fn advise(&self, bytes: Range<usize>) {
+        if bytes.start >= bytes.end || bytes.end > self.len() {
+            return;
+        }
+        let (first, last) = (bytes.start / CHUNK, (bytes.end - 1) / CHUNK);
+        let read = if self.is_all() || (first..=last).all(|c| self.known(c)) {
+            bytes
+        } else {
+            first * CHUNK..((last + 1) * CHUNK).min(self.len())
+        };
+        super::fs::advise(&self.bytes[read], super::fs::Access::Soon);
+    }
+
     #[cold]
     fn check_slow(&self, bytes: Range<usize>) -> Result<()> {
         if bytes.end > self.len() || bytes.start > bytes.end {
@@ -540,14 +557,19 @@ impl ChunkCheck {
         if bytes.is_empty() {
             return Ok(());
         }
-        for chunk in bytes.start / CHUNK..=(bytes.end - 1) / CHUNK {
-            if !self.known(chunk) {
-                let found = crc32c(self.chunk(chunk));
-                if found != self.crcs[chunk] {
-                    return Err(self.mismatch(chunk, found));
-                }
-                self.mark(chunk);
+        let chunks = bytes.start / CHUNK..=(bytes.end - 1) / CHUNK;
+        let unknown: Vec<usize> = chunks.filter(|&c| !self.known(c)).collect();
+        // each read whole by its check: one read of the disk each, not a
+        // fault per page (the mapping may be advised `Sparse`)
+        for &chunk in &unknown {
+            super::fs::advise(self.chunk(chunk), super::fs::Access::Soon);
+        }
+        for chunk in unknown {
+            let found = crc32c(self.chunk(chunk));
+            if found != self.crcs[chunk] {
+                return Err(self.mismatch(chunk, found));
             }
+            self.mark(chunk);
         }
         Ok(())
     }

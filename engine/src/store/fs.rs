@@ -224,6 +224,45 @@ pub fn map_file(path: &Path, what: &'static str) -> Result<Mmap> {
     unsafe { Mmap::map(&file) }.map_err(Error::io(path))
 }
 
+/// How the pages of part of a file mapping are about to be read: advice
+/// to the kernel ([`advise`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// A few bytes here and there (a loader's draws, a file's header): a
+    /// fault reads its own page, not the read-ahead window around it
+    /// (`MADV_RANDOM`). That window is the block device's read-ahead, 8 MiB
+    /// on some machines: a draw's 8 bytes read 8 MiB, and a 10^9-row first
+    /// batch read gigabytes.
+    Sparse,
+    /// All of it, front to back: read ahead again (`MADV_NORMAL`).
+    Whole,
+    /// These bytes, soon: start reading them now, without waiting
+    /// (`MADV_WILLNEED`), so that many reads go to the disk together
+    /// instead of one fault after another.
+    Soon,
+}
+
+/// Advise the kernel how `bytes` (part of a file mapping) are about to be
+/// read. Advice only: false when refused (e.g. `bytes` are not mapped).
+pub fn advise(bytes: &[u8], access: Access) -> bool {
+    if bytes.is_empty() {
+        return false;
+    }
+    let advice = match access {
+        Access::Sparse => libc::MADV_RANDOM,
+        Access::Whole => libc::MADV_NORMAL,
+        Access::Soon => libc::MADV_WILLNEED,
+    };
+    let page = 4096;
+    let start = bytes.as_ptr() as usize;
+    let first = start & !(page - 1);
+    let len = start + bytes.len() - first;
+    // SAFETY: [first, first + len) lies within the mapping `bytes` is part
+    // of (a mapping is page-aligned, so rounding down stays inside it), and
+    // none of these advices changes contents
+    unsafe { libc::madvise(first as *mut libc::c_void, len, advice) == 0 }
+}
+
 /// Free bytes `offset..offset + len` of `file` (reads give zeros after),
 /// keeping its size. Best effort: a file system without hole punching keeps
 /// the bytes, which only costs disk.

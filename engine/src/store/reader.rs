@@ -401,17 +401,7 @@ impl Cache {
         };
         let start = e.offset as usize;
         let end = start.saturating_add(e.stored_len as usize).min(shard.len());
-        if start >= end {
-            return 0;
-        }
-        let page = 4096;
-        let base = shard.as_ptr() as usize;
-        let first = (base + start) & !(page - 1);
-        let len = base + end - first;
-        // SAFETY: [first, first + len) lies within the mapping of `shard`
-        // (page-aligned down from inside it); WILLNEED changes no contents
-        let done = unsafe { libc::madvise(first as *mut libc::c_void, len, libc::MADV_WILLNEED) };
-        if done == 0 {
+        if start < end && super::fs::advise(&shard[start..end], super::fs::Access::Soon) {
             (end - start) as u64
         } else {
             0

@@ -308,14 +308,9 @@ impl Column {
     /// Ask the kernel to start reading what [`Column::check`] and a read
     /// of `values[row]` will touch, without waiting (advice only).
     fn advise(&self, values: &ScalarBuffer<i64>, row: usize) {
-        let Some(bytes) = self.place(values, row) else {
-            return; // copied out of the mapping: in memory
-        };
-        match &self.chunks {
-            Some(chunks) => chunks.advise(bytes),
-            None => {
-                fs::advise(&self.buffer[bytes], fs::Access::Soon);
-            }
+        // without a chunk table the file was read whole at open
+        if let (Some(chunks), Some(bytes)) = (&self.chunks, self.place(values, row)) {
+            chunks.advise(bytes);
         }
     }
 }

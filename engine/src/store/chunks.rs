@@ -529,13 +529,19 @@ impl ChunkCheck {
     /// Ask the kernel to start reading what a coming [`check`](Self::check)
     /// and read of `bytes` will touch, without waiting: their chunks whole
     /// while one is still to be checked (its check reads all of it), else
-    /// their pages alone. Advice only: it checks nothing.
+    /// their pages alone. Nothing once this process has read in each of
+    /// their chunks (the steady state of a loader over a snapshot that fits
+    /// the page cache costs no system call). Advice only: it checks nothing.
     pub fn advise(&self, bytes: Range<usize>) {
-        if bytes.start >= bytes.end || bytes.end > self.len() {
+        if self.is_all() || bytes.start >= bytes.end || bytes.end > self.len() {
             return;
         }
         let (first, last) = (bytes.start / CHUNK, (bytes.end - 1) / CHUNK);
-        let read = if self.is_all() || (first..=last).all(|c| self.known(c)) {
+        let mine = |c: usize| self.mine[c / 64].load(Ordering::Relaxed) & (1u64 << (c % 64)) != 0;
+        if (first..=last).all(mine) {
+            return;
+        }
+        let read = if (first..=last).all(|c| self.known(c)) {
             bytes
         } else {
             first * CHUNK..((last + 1) * CHUNK).min(self.len())

@@ -308,7 +308,7 @@ impl Column {
     /// Ask the kernel to start reading what [`Column::check`] and a read
     /// of `values[row]` will touch, without waiting (advice only).
     fn advise(&self, values: &ScalarBuffer<i64>, row: usize) {
-        // without a chunk table the file was read whole at open
+        // without a chunk table the mapping is read with the kernel's read-ahead
         if let (Some(chunks), Some(bytes)) = (&self.chunks, self.place(values, row)) {
             chunks.advise(bytes);
         }
@@ -332,9 +332,6 @@ fn one_column(file: &Path, batches: Vec<RecordBatch>) -> Result<ArrayRef> {
 fn open_column(dir: &Path, entry: &ColumnEntry) -> Result<(Field, Column)> {
     let file = dir.join(COLUMNS_DIR).join(format!("{}.arrow", entry.hash));
     let buffer = fs::map_buffer(&file, "snapshot column")?;
-    // read in place a few values at a time (a loader's draws, the header)
-    // until a reader asks for it whole (`Column::whole`)
-    fs::advise(&buffer, fs::Access::Sparse);
     let table = match (entry.crc, entry.len) {
         (Some(crc), Some(len)) if buffer.len() as u64 == len => {
             ChunkTable::read_sidecar(&file, len, crc)
@@ -343,6 +340,9 @@ fn open_column(dir: &Path, entry: &ColumnEntry) -> Result<(Field, Column)> {
     };
     let (schema, column) = match table {
         Some(table) => {
+            // read in place a few values at a time (a loader's draws, the
+            // header) until a reader asks for it whole (`Column::whole`)
+            fs::advise(&buffer, fs::Access::Sparse);
             let check = ChunkCheck::new(
                 &file,
                 buffer.clone(),
@@ -1850,8 +1850,8 @@ impl Snapshot {
         });
         for &row in rows.iter().filter(|&&r| r < self.rows) {
             let (part, r) = self.locate(row);
-            let Ok(part) = self.opened(part) else {
-                continue;
+            let Some(part) = part.opened.get() else {
+                continue; // it failed to open: `identity` reports that
             };
             let column = |k: usize| part.columns[k].get().expect("opened with the partition");
             column(self.cache_col).advise(&part.ids, r);

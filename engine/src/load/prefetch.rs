@@ -99,7 +99,16 @@ fn draws<'a>(
             // than the page cache costs one wait for the disk per step, not
             // one per draw (10^9 rows: 2.2 s for a first batch otherwise)
             sampler.advise(start..end);
-            let rows: Vec<Result<u64>> = (start..end).map(|k| sampler.row(k)).collect();
+            // up to the first failure, which ends the draws (its callers stop there)
+            let mut rows: Vec<Result<u64>> = Vec::with_capacity((end - start) as usize);
+            for k in start..end {
+                let row = sampler.row(k);
+                let failed = row.is_err();
+                rows.push(row);
+                if failed {
+                    break;
+                }
+            }
             let known: Vec<usize> = rows.iter().flatten().map(|&r| r as usize).collect();
             snapshot.advise_identities(&known);
             rows

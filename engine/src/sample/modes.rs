@@ -307,8 +307,9 @@ impl EpochSampler {
     /// Ask the kernel to start reading, without waiting, the stored alias
     /// entries draws `ks` read (`Replacement`, once their tables are made:
     /// see [`EpochSampler::prepare`]), so that their reads go to the disk
-    /// together rather than one after another. The other modes read
-    /// nothing stored per draw.
+    /// together rather than one after another. `Balanced` reads a block of
+    /// its partition's weights in place and is not advised; the other
+    /// modes read nothing stored per draw.
     pub fn advise(&self, ks: std::ops::Range<u64>) {
         if let Kind::Replacement(alias) = &self.kind {
             for k in ks {
@@ -317,7 +318,7 @@ impl EpochSampler {
         }
     }
 
-    /// Make ahead, on up to `threads` threads, what draws `ks` will read
+    /// Make ahead (building on up to `threads` threads) what draws `ks` will read
     /// first: for `Replacement`, the alias tables of the partitions they
     /// land in (a partition's table is otherwise built by the draw that
     /// first lands there, alone). The other modes have nothing to make.

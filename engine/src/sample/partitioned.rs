@@ -192,7 +192,8 @@ impl PartitionedWeights {
     }
 
     /// Make the tables of every partition the draws of `bits` land in that
-    /// are not made yet, on up to `threads` threads. Drawing them then reads
+    /// are not made yet (stored ones mapped on [`crate::IO_THREADS`], the
+    /// others built on up to `threads`). Drawing them then reads
     /// tables only.
     pub fn prepare(&self, bits: impl Iterator<Item = u64>, threads: usize) -> Result<()> {
         if self.top.is_none() {
@@ -209,7 +210,7 @@ impl PartitionedWeights {
     }
 
     /// Make the table of every partition a draw can land in (its mass is
-    /// not zero) that is not made yet, on up to `threads` threads: for
+    /// not zero) that is not made yet (as [`Self::prepare`] does): for
     /// many draws, where finding the partitions they land in would cost
     /// another pass over them and would find nearly all.
     pub fn prepare_all(&self, threads: usize) -> Result<()> {

@@ -529,9 +529,11 @@ impl ChunkCheck {
     /// Ask the kernel to start reading what a coming [`check`](Self::check)
     /// and read of `bytes` will touch, without waiting: their chunks whole
     /// while one is still to be checked (its check reads all of it), else
-    /// their pages alone. Nothing once this process has read in each of
-    /// their chunks (the steady state of a loader over a snapshot that fits
-    /// the page cache costs no system call). Advice only: it checks nothing.
+    /// their pages alone. Nothing once this process knows each of their
+    /// chunks good (it checked it, or learnt it from the host's record and
+    /// read there): the steady state of a loader costs no system call,
+    /// and a later process is advised only its first page of each chunk.
+    /// Advice only: it checks nothing.
     pub fn advise(&self, bytes: Range<usize>) {
         if self.is_all() || bytes.start >= bytes.end || bytes.end > self.len() {
             return;

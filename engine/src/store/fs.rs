@@ -253,7 +253,12 @@ pub fn advise(bytes: &[u8], access: Access) -> bool {
         Access::Whole => libc::MADV_NORMAL,
         Access::Soon => libc::MADV_WILLNEED,
     };
-    let page = 4096;
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: sysconf has no preconditions
+    let page = *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    });
     let start = bytes.as_ptr() as usize;
     let first = start & !(page - 1);
     let len = start + bytes.len() - first;

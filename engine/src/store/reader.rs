@@ -80,12 +80,7 @@ impl Index {
     /// processes test a bitmap), so that [`Index::span`] may read any.
     pub fn check_all(&self) -> Result<()> {
         match &self.chunks {
-            Some(chunks) => {
-                chunks.check_all(chunks::check_threads())?;
-                // read in spans from now on, not an entry at a time
-                super::fs::advise(&self.entries, super::fs::Access::Whole);
-                Ok(())
-            }
+            Some(chunks) => chunks.check_all(chunks::check_threads()),
             None => Ok(()), // checked whole at open
         }
     }
@@ -216,17 +211,13 @@ impl Cache {
         let entries = index.slice(INDEX_HEADER_LEN);
         let index_chunks =
             match ChunkTable::read_sidecar(&index_path, entries.len() as u64, entries_crc) {
-                Some(table) => {
-                    // read in place an entry at a time, by the loader's draws
-                    super::fs::advise(&index, super::fs::Access::Sparse);
-                    Some(ChunkCheck::new(
-                        &index_path,
-                        entries.clone(),
-                        INDEX_HEADER_LEN as u64,
-                        table.crcs,
-                        chunks::host_key(&index_path),
-                    )?)
-                }
+                Some(table) => Some(ChunkCheck::new(
+                    &index_path,
+                    entries.clone(),
+                    INDEX_HEADER_LEN as u64,
+                    table.crcs,
+                    chunks::host_key(&index_path),
+                )?),
                 None => {
                     check_entries(&index_path, &entries, entries_crc)?;
                     None

@@ -60,6 +60,15 @@ def test_sql_and_select_on_two_workers_equal_one_process(partitioned, two_worker
     assert there.version == version
     expected = sorted_frame(ds.sql(query))
     assert sorted_frame(there.get_metadata()).equals(expected)
+    # the workers store the partitions: a bad row is still the caller's
+    # typed error, with the row of the update, and nothing is committed
+    bad = (
+        "SELECT cache_id, sample_id, CASE WHEN sample_id = 1 THEN -1.0 ELSE weight END "
+        "AS weight FROM metadata"
+    )
+    with pytest.raises(drt.InvalidInputError, match=r"weight -1\.0 is invalid"):
+        there.select(bad)
+    assert there.version == version
     # a worker's dataset is pickled with its workers
     import pickle
 

@@ -17,6 +17,14 @@ not of the payloads):
   ``/dev/shm/datasetrt-<uid>/verified``); then ``get_metadata`` in the same
   process (reads, and the first process checks, every column whole);
 - SQL group-by: ``SELECT label, count(*), sum(weight) ... GROUP BY label``;
+  then the same on two workers (``datasetrt worker`` processes on this host:
+  they open the snapshot themselves, scan and aggregate partially, and
+  shuffle to a final aggregate) against this process alone, alternating
+  (2 cores: no speed-up to expect; what it costs over one process); and a
+  ``select`` that reweights every row of one label (every partition's
+  weight column written): in this process (the result collected, cut and
+  written here) against on the two workers (each stores the partitions it
+  computes; this process commits their descriptions);
 - alias build: the first weighted draw on a new weight column, then the
   first batch (256 draws): the alias tables they need are built, stored and
   mapped (one per partition a draw lands in); then the first batch after a
@@ -193,6 +201,60 @@ def by_slices(meta: pl.DataFrame, make) -> pl.DataFrame:
     return pl.concat(pieces, rechunk=False)
 
 
+def on_workers(root: Path, ds: drt.Dataset, q: str, repeat: int) -> dict:
+    """The group-by ``q`` and a reweighting ``select`` on two worker
+    processes of this host against this process alone, alternating."""
+    res: dict = {}
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "datasetrt", "worker", "--port", "0"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        urls = [w.stdout.readline().split()[-1] for w in workers]
+        there = drt.open(root, workers=urls)
+        want = ds.sql(q).sort("label")
+        got = there.sql(q).sort("label")
+        assert got["n"].equals(want["n"]), (got, want)
+        assert (got["w"] - want["w"]).abs().max() <= 1e-6 * want["w"].abs().max()
+        here_t, there_t = [], []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            ds.sql(q)
+            here_t.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            there.sql(q)
+            there_t.append(time.perf_counter() - t0)
+        res["groupby_here_s"] = statistics.median(here_t)
+        res["groupby_two_workers_s"] = statistics.median(there_t)
+
+        # a reweighting select (a new factor each run: every run writes)
+        def reweight(k: int) -> str:
+            return (
+                "SELECT cache_id, sample_id, label, quality, CASE WHEN label = 3 "
+                f"THEN weight * {1 + k / 1000} ELSE weight END AS weight FROM metadata"
+            )
+
+        here_t, there_t = [], []
+        for k in range(repeat):
+            for who, times in ((ds, here_t), (there, there_t)):
+                who.refresh()
+                t0 = time.perf_counter()
+                who.select(reweight(2 * k + (who is there)))
+                times.append(time.perf_counter() - t0)
+        ds.refresh()
+        res["select_here_s"] = statistics.median(here_t)
+        res["select_two_workers_s"] = statistics.median(there_t)
+    finally:
+        for w in workers:
+            w.terminate()
+            w.wait(timeout=30)
+    return res
+
+
 def measure(
     root: Path, ds: drt.Dataset, base: pl.DataFrame, rows: int, repeat: int, lean: bool
 ) -> dict:
@@ -271,6 +333,8 @@ def measure(
         ds.sql(q)
         times.append(time.perf_counter() - t0)
     res["groupby_s"] = statistics.median(times)
+    if not lean:
+        res.update(on_workers(root, ds, q, repeat))
 
     # alias tables of a fresh weight column: the first weighted draw makes
     # the table of the partition it lands in, the rest of a first batch the
@@ -603,8 +667,9 @@ def main() -> None:
         "| reweight all (written) | reweight 1 %, contiguous / scattered (written) "
         "| alias build: first draw / first batch (tables) / after a 1 % reweight (tables) "
         "| filter, pruned / every partition (ratio) "
+        "| group-by on 2 workers / here (ratio) | select reweight on 2 workers / here (ratio) "
         "| reader anon / file pages |\n"
-        "|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|"
     )
     for r in results["sizes"]:
         if r["lean"]:
@@ -624,6 +689,10 @@ def main() -> None:
             f"({r['alias_tables_after_reweight_1pct']}) "
             f"| {ms(r['filter_pruned_s'])} / {ms(r['filter_full_s'])} "
             f"({r['filter_pruned_s'] / r['filter_full_s']:.2f}x) "
+            f"| {ms(r['groupby_two_workers_s'])} / {ms(r['groupby_here_s'])} "
+            f"({r['groupby_two_workers_s'] / r['groupby_here_s']:.2f}x) "
+            f"| {ms(r['select_two_workers_s'])} / {ms(r['select_here_s'])} "
+            f"({r['select_two_workers_s'] / r['select_here_s']:.2f}x) "
             f"| {r['reader_anon_read_mib']:.0f} / "
             f"{r['reader_file_pages_mib']:.0f} MiB |"
         )

@@ -33,7 +33,7 @@ use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use super::snapshot::{
     column_hash, compact_variable, ensure_sidecar, escape, partition_line, store_columns, unescape,
-    write_partition, ColumnEntry, Known, PartitionEntry, Partitioned, COLUMNS_DIR,
+    write_partition, ColumnEntry, Known, PartitionEntry, Partitioned, COLUMNS_DIR, PARTITION_LINES,
 };
 use crate::store::checksum::{open_sealed_text, seal_text};
 use crate::store::chunks::ChunkTable;
@@ -44,8 +44,6 @@ use crate::{Error, Result};
 pub const PARTS_DIR: &str = "parts";
 const HEADER: &str = "datasetrt-parts";
 const VERSION: u32 = 1;
-/// The manifest version whose partition lines a record uses.
-const MANIFEST_LINES: u32 = 4;
 
 /// Caches given as `(cache_id, records)`, sorted by id, grouped as the
 /// module says: a group ends before a cache that would take it past `per`
@@ -425,7 +423,7 @@ impl Record {
                 }
                 "own" => record.own.last_mut()?.push(parse_field(value)?),
                 "field" => fields.push(parse_field(value)?),
-                _ => partition_line(key, value, MANIFEST_LINES, &mut record.partitions).ok()?,
+                _ => partition_line(key, value, PARTITION_LINES, &mut record.partitions).ok()?,
             }
         }
         record.schema = Arc::new(Schema::new(fields));

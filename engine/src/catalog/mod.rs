@@ -8,6 +8,7 @@ mod mirror;
 mod ranges;
 pub mod scores;
 mod snapshot;
+pub mod stream;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -18,7 +19,10 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 
 pub use ranges::ColumnRange;
+pub use snapshot::PartitionEntry;
 pub use snapshot::{read_manifest, Manifest, Snapshot};
+pub use stream::{StreamRecipe, StreamWriter};
+pub use validate::Samples;
 
 use crate::store::remote::{self, Remote, RemoteOptions};
 use crate::store::{fs, Cache, CacheSet};
@@ -44,6 +48,13 @@ pub struct OpenOptions {
     /// Rows per partition of the snapshots this dataset writes (default:
     /// [`snapshot::default_partition_rows`]).
     pub partition_rows: Option<usize>,
+}
+
+/// What a commit names: a population cut and stored by the commit itself,
+/// or partitions stored before it.
+enum Population<'a> {
+    Made(&'a snapshot::Partitioned),
+    Stored(&'a [snapshot::PartitionEntry]),
 }
 
 /// Caches plus the active metadata snapshot.
@@ -366,6 +377,7 @@ impl Dataset {
         // a reweight reads only its weights.
         let checked = active.identity_hashes();
         let ids = (schema.index_of("cache_id")?, schema.index_of("sample_id")?);
+        let samples = Samples::of(&self.caches);
         let mut total = 0.0;
         let population = snapshot::Partitioned::new(
             &schema,
@@ -374,7 +386,7 @@ impl Dataset {
             Some(&active),
             |first_row, part, hashes| {
                 let known = checked.contains(&(hashes[ids.0].as_str(), hashes[ids.1].as_str()));
-                total += validate::check_rows(&self.caches, part, first_row, !known)?;
+                total += validate::check_rows(&samples, part, first_row, !known)?;
                 Ok(())
             },
         )?;
@@ -382,6 +394,49 @@ impl Dataset {
         drop(checked);
         let base = base.unwrap_or_else(|| active.number());
         drop(active);
+        self.commit(Population::Made(&population), note, base, force)
+    }
+
+    /// How a stream of rows derived from `base` (a snapshot of this
+    /// dataset) is stored as partitions of an update, apart from its commit
+    /// ([`stream::StreamWriter`]).
+    pub fn stream_recipe(&self, base: &Snapshot) -> StreamRecipe {
+        StreamRecipe {
+            dir: self.snapshot_dir.clone(),
+            base: base.number(),
+            per: self.partition_rows,
+            samples: Samples::of(&self.caches),
+        }
+    }
+
+    /// Commit partitions stored apart (by the workers of a distributed
+    /// `select`, see [`stream`]) as the next snapshot, as [`Dataset::update`]
+    /// commits a population: `base` is the snapshot they were derived from.
+    /// Their column files must be in this dataset's snapshot directory.
+    pub fn commit_stored(
+        &self,
+        partitions: Vec<snapshot::PartitionEntry>,
+        note: &str,
+        base: u64,
+        force: bool,
+    ) -> Result<Arc<Snapshot>> {
+        let rows: usize = partitions.iter().map(|p| p.rows).sum();
+        if rows == 0 {
+            return Err(validate::empty());
+        }
+        let mass = partitions.iter().map(|p| p.mass.unwrap_or(0.0)).sum();
+        validate::check_total(rows, mass)?;
+        self.commit(Population::Stored(&partitions), note, base, force)
+    }
+
+    /// Commit `population` on `base` (see [`Dataset::update`]).
+    fn commit(
+        &self,
+        population: Population<'_>,
+        note: &str,
+        base: u64,
+        force: bool,
+    ) -> Result<Arc<Snapshot>> {
         // The commit lock first, the active snapshot only to swap it: readers
         // of `snapshot()` never wait for another process's commit.
         let guard = commit::lock(&self.snapshot_dir)?;
@@ -399,7 +454,14 @@ impl Dataset {
         let next = Self::list_in(&self.snapshot_dir)?
             .last()
             .map_or(0, |n| n + 1);
-        let number = snapshot::publish(&self.snapshot_dir, &population, next, note, Some(head))?;
+        let dir = &self.snapshot_dir;
+        let number = match population {
+            Population::Made(made) => snapshot::publish(dir, made, next, note, Some(head))?,
+            Population::Stored(parts) => {
+                stream::check_present(dir, parts)?;
+                snapshot::write_manifest(dir, parts, next, note, Some(head))?
+            }
+        };
         let snapshot = Arc::new(Snapshot::open(&self.snapshot_dir, number)?);
         commit::write_head(&self.snapshot_dir, number, &guard)?;
         if self.mirror.is_none() {

@@ -667,9 +667,21 @@ impl Partitioned {
         batches: &[RecordBatch],
         per: usize,
         known: Option<&Snapshot>,
-        mut check: impl FnMut(usize, &RecordBatch, &[String]) -> Result<()>,
+        check: impl FnMut(usize, &RecordBatch, &[String]) -> Result<()>,
     ) -> Result<Partitioned> {
         let sizes = cut(batches, per, known);
+        Self::with_sizes(schema, batches, sizes, known, check)
+    }
+
+    /// Cut `batches` into partitions of `sizes` rows (which sum to their
+    /// rows), hashed and checked as [`Partitioned::new`] says.
+    pub(super) fn with_sizes(
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+        sizes: Vec<usize>,
+        known: Option<&Snapshot>,
+        mut check: impl FnMut(usize, &RecordBatch, &[String]) -> Result<()>,
+    ) -> Result<Partitioned> {
         let by_address = known.map(Snapshot::hashes_by_address).unwrap_or_default();
         // a window of partitions is hashed on the engine's threads together
         let window = crate::threads().clamp(1, 4);
@@ -1118,7 +1130,7 @@ pub(super) struct Known {
 impl Known {
     /// What the manifest of snapshot `parent` in `dir` records (nothing if
     /// it cannot be read: every file is then checked from disk).
-    fn of_parent(dir: &Path, parent: Option<u64>) -> Known {
+    pub(super) fn of_parent(dir: &Path, parent: Option<u64>) -> Known {
         let mut known = Known::default();
         if let Some(manifest) = parent.and_then(|p| read_manifest(dir, p).ok()) {
             known.add(&manifest.partitions);
@@ -1283,6 +1295,11 @@ pub(super) fn write_manifest(
     fs::sync_dir(dir)?;
     Ok(n)
 }
+
+/// The manifest version of the partition lines [`write_partition`] writes
+/// (what records of groups and workers' descriptions of what they stored
+/// are read as).
+pub(super) const PARTITION_LINES: u32 = 4;
 
 /// A partition's lines in a manifest: `partition=<rows> <mass>`, then per
 /// column `column=<hash> <crc> <len> <name>` and its `range=` line if any.

@@ -74,46 +74,84 @@ pub fn normalize(
 ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     if rows == 0 {
-        return Err(Error::invalid(
-            "empty metadata update: a population needs at least one row (nothing was changed)",
-        ));
+        return Err(empty());
     }
-    let mut seen = std::collections::HashSet::new();
-    for field in schema.fields() {
-        let name = field.name();
-        crate::store::check_column_name(name)?;
-        if !seen.insert(name.as_str()) {
-            return Err(Error::invalid(format!("column {name:?} appears twice")));
-        }
-    }
-    identity_field(schema, "cache_id")?;
-    identity_field(schema, "sample_id")?;
-    let has_weight = match schema.field_with_name("weight") {
-        Err(_) => false,
-        Ok(f) if f.data_type().is_numeric() => true,
-        Ok(f) => {
-            return Err(Error::invalid(format!(
-                "column \"weight\" has type {}, expected a numeric type",
-                f.data_type()
-            )))
-        }
-    };
-    let mut fields: Vec<Field> = schema
-        .fields()
-        .iter()
-        .map(|f| match f.name().as_str() {
-            "cache_id" | "sample_id" => Field::new(f.name(), DataType::Int64, false),
-            "weight" => Field::new("weight", DataType::Float64, false),
-            _ => f.as_ref().clone(),
-        })
-        .collect();
-    if !has_weight {
-        fields.push(Field::new("weight", DataType::Float64, false));
-    }
-    let stored = Arc::new(Schema::new(fields));
+    let shape = Shape::of(schema)?;
     let mut out = Vec::with_capacity(batches.len());
     let mut first_row = 0;
     for batch in batches.iter().filter(|b| b.num_rows() > 0) {
+        out.push(shape.batch(batch, first_row)?);
+        first_row += batch.num_rows();
+    }
+    Ok((shape.stored, out))
+}
+
+/// The error of an update without rows.
+pub fn empty() -> Error {
+    Error::invalid(
+        "empty metadata update: a population needs at least one row (nothing was changed)",
+    )
+}
+
+/// An update's columns, checked, and the schema they are stored in (see
+/// [`normalize`]): what turns each of its batches into stored types, one
+/// batch at a time (the workers of a distributed `select` see their rows
+/// in batches, never the whole update).
+#[derive(Debug, Clone)]
+pub struct Shape {
+    given: SchemaRef,
+    pub stored: SchemaRef,
+    has_weight: bool,
+}
+
+impl Shape {
+    /// Refuse a schema without integer identity columns, with a column
+    /// name that cannot be stored or given twice, or a weight that is not
+    /// numeric.
+    pub fn of(schema: &SchemaRef) -> Result<Shape> {
+        let mut seen = std::collections::HashSet::new();
+        for field in schema.fields() {
+            let name = field.name();
+            crate::store::check_column_name(name)?;
+            if !seen.insert(name.as_str()) {
+                return Err(Error::invalid(format!("column {name:?} appears twice")));
+            }
+        }
+        identity_field(schema, "cache_id")?;
+        identity_field(schema, "sample_id")?;
+        let has_weight = match schema.field_with_name("weight") {
+            Err(_) => false,
+            Ok(f) if f.data_type().is_numeric() => true,
+            Ok(f) => {
+                return Err(Error::invalid(format!(
+                    "column \"weight\" has type {}, expected a numeric type",
+                    f.data_type()
+                )))
+            }
+        };
+        let mut fields: Vec<Field> = schema
+            .fields()
+            .iter()
+            .map(|f| match f.name().as_str() {
+                "cache_id" | "sample_id" => Field::new(f.name(), DataType::Int64, false),
+                "weight" => Field::new("weight", DataType::Float64, false),
+                _ => f.as_ref().clone(),
+            })
+            .collect();
+        if !has_weight {
+            fields.push(Field::new("weight", DataType::Float64, false));
+        }
+        Ok(Shape {
+            given: schema.clone(),
+            stored: Arc::new(Schema::new(fields)),
+            has_weight,
+        })
+    }
+
+    /// `batch` (of the given schema, its first row `first_row` of the
+    /// update) in the stored types.
+    pub fn batch(&self, batch: &RecordBatch, first_row: usize) -> Result<RecordBatch> {
+        let schema = &self.given;
         if batch.num_columns() != schema.fields().len() {
             return Err(Error::invalid(format!(
                 "a batch of the update has {} columns, its schema {}",
@@ -121,7 +159,7 @@ pub fn normalize(
                 schema.fields().len()
             )));
         }
-        let mut columns = Vec::with_capacity(stored.fields().len());
+        let mut columns = Vec::with_capacity(self.stored.fields().len());
         for (field, col) in schema.fields().iter().zip(batch.columns()) {
             columns.push(match field.name().as_str() {
                 name @ ("cache_id" | "sample_id") => identity_column(col, name, first_row)?,
@@ -130,20 +168,48 @@ pub fn normalize(
                         return Err(Error::invalid(format!(
                             "column \"weight\" is null at row {}",
                             first_row + row
-                        )));
+                        ))
+                        .at_row(first_row + row)
+                        .at_column("weight", None));
                     }
                     cast(col, &DataType::Float64)?
                 }
                 _ => col.clone(),
             });
         }
-        if !has_weight {
+        if !self.has_weight {
             columns.push(Arc::new(Float64Array::from(vec![1.0; batch.num_rows()])) as ArrayRef);
         }
-        out.push(RecordBatch::try_new(stored.clone(), columns)?);
-        first_row += batch.num_rows();
+        Ok(RecordBatch::try_new(self.stored.clone(), columns)?)
     }
-    Ok((stored, out))
+}
+
+/// The caches an update's identities must name: each one's id, name and
+/// records, sorted by id. What a worker of a distributed `select` is sent
+/// in place of the caches themselves.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Samples(pub Vec<(i64, String, u64)>);
+
+impl Samples {
+    pub fn of(caches: &CacheSet) -> Samples {
+        Samples(
+            caches
+                .iter()
+                .map(|c| (c.id(), c.name().to_string(), c.records()))
+                .collect(),
+        )
+    }
+
+    fn position_near(&self, cache_id: i64, hint: usize) -> Option<usize> {
+        if self.0.get(hint).is_some_and(|c| c.0 == cache_id) {
+            return Some(hint);
+        }
+        self.0.binary_search_by_key(&cache_id, |c| c.0).ok()
+    }
+
+    fn ids(&self) -> Vec<i64> {
+        self.0.iter().map(|c| c.0).collect()
+    }
 }
 
 /// Check the values of `batch` (normalized, its first row `first_row` of
@@ -151,7 +217,7 @@ pub fn normalize(
 /// is false: columns known to be checked already), every weight is finite
 /// and non-negative. Returns the sum of its weights.
 pub fn check_rows(
-    caches: &CacheSet,
+    caches: &Samples,
     batch: &RecordBatch,
     first_row: usize,
     identities: bool,
@@ -173,14 +239,11 @@ pub fn check_rows(
                 .at_row(row)
                 .at_column("cache_id", Some(ids[i].to_string()))
             })?;
-            let cache = &caches[pos];
-            if samples[i] < 0 || samples[i] as u64 >= cache.records() {
+            let (id, name, records) = &caches.0[pos];
+            if samples[i] < 0 || samples[i] as u64 >= *records {
                 return Err(Error::invalid(format!(
                     "row {row}: sample_id {} is not stored in cache {:?} (cache_id {}, sample_ids 0..{})",
-                    samples[i],
-                    cache.name(),
-                    cache.id(),
-                    cache.records()
+                    samples[i], name, id, records
                 ))
                 .at_row(row)
                 .at_column("sample_id", Some(samples[i].to_string())));

@@ -9,7 +9,10 @@
 //! worker mounts), checking what it reads as any reader does. The scan is
 //! spread over the workers, its slices dealt to them in turn; the stages
 //! above it (partial aggregates, repartitions) follow, and the last one
-//! returns to the coordinator, which commits what `select` produced. The
+//! returns to the coordinator. A `select` adds a `PopulationWriteExec` on
+//! top (a recipe too: the snapshot directory, the base, the partition
+//! rows, the caches' sizes), so the workers store the partitions of the
+//! rows they compute and the coordinator commits what they describe. The
 //! other nodes of the engine (`payloads`, the loader's draws) run on the
 //! coordinator: their stages are not sent anywhere.
 
@@ -27,8 +30,10 @@ use datafusion_distributed::{
 };
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 
-use super::exec::{MetadataScanExec, PayloadScanExec, PayloadTakeExec, SampleExec, Slice};
-use crate::catalog::Snapshot;
+use super::exec::{
+    MetadataScanExec, PayloadScanExec, PayloadTakeExec, PopulationWriteExec, SampleExec, Slice,
+};
+use crate::catalog::{Samples, Snapshot, StreamRecipe};
 use crate::{Error, Result};
 
 /// The workers a coordinator sends tasks to.
@@ -143,6 +148,7 @@ fn spread(ev: ScaleUpLeafNodeEvent) -> Option<DfResult<ScaleUpLeafNodeEventRespo
 pub struct RecipeCodec;
 
 const METADATA_SCAN: &[u8] = b"datasetrt metadata scan 1\n";
+const POPULATION_WRITE: &[u8] = b"datasetrt population write 1\n";
 
 impl PhysicalExtensionCodec for RecipeCodec {
     fn try_decode(
@@ -152,6 +158,36 @@ impl PhysicalExtensionCodec for RecipeCodec {
         _ctx: &TaskContext,
         _proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        if let Some(recipe) = buf.strip_prefix(POPULATION_WRITE) {
+            let [input] = inputs else {
+                return Err(DataFusionError::Internal(
+                    "a population write has one input".into(),
+                ));
+            };
+            let mut r = Reader(recipe);
+            let dir = PathBuf::from(std::ffi::OsStr::from_bytes(r.bytes()?));
+            let (base, per) = (r.u64()?, r.u64()? as usize);
+            let samples = (0..r.u64()?)
+                .map(|_| {
+                    let id = r.u64()? as i64;
+                    let records = r.u64()?;
+                    let name = String::from_utf8_lossy(r.bytes()?).into_owned();
+                    Ok((id, name, records))
+                })
+                .collect::<DfResult<Vec<_>>>()?;
+            let snapshot = opened(dir.clone(), base)?;
+            let recipe = StreamRecipe {
+                dir,
+                base,
+                per,
+                samples: Samples(samples),
+            };
+            return Ok(Arc::new(PopulationWriteExec::new(
+                input.clone(),
+                Arc::new(recipe),
+                snapshot,
+            )));
+        }
         let recipe = buf.strip_prefix(METADATA_SCAN).ok_or_else(|| {
             DataFusionError::Internal("not a node this build of datasetrt encodes".into())
         })?;
@@ -185,6 +221,20 @@ impl PhysicalExtensionCodec for RecipeCodec {
         buf: &mut Vec<u8>,
         _proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> DfResult<()> {
+        if let Some(write) = node.downcast_ref::<PopulationWriteExec>() {
+            let recipe = write.recipe();
+            buf.extend_from_slice(POPULATION_WRITE);
+            put_bytes(buf, recipe.dir.as_os_str().as_bytes());
+            put(buf, recipe.base);
+            put(buf, recipe.per as u64);
+            put(buf, recipe.samples.0.len() as u64);
+            for (id, name, records) in &recipe.samples.0 {
+                put(buf, *id as u64);
+                put(buf, *records);
+                put_bytes(buf, name.as_bytes());
+            }
+            return Ok(());
+        }
         let Some(scan) = node.downcast_ref::<MetadataScanExec>() else {
             let local = node.downcast_ref::<PayloadScanExec>().is_some()
                 || node.downcast_ref::<PayloadTakeExec>().is_some()
@@ -232,7 +282,7 @@ impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> DfResult<&'a [u8]> {
         if self.0.len() < n {
             return Err(DataFusionError::Internal(
-                "a metadata scan recipe ends early".into(),
+                "a recipe of a datasetrt node ends early".into(),
             ));
         }
         let (head, rest) = self.0.split_at(n);

@@ -10,7 +10,7 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 
 use super::QuerySession;
-use crate::catalog::{Dataset, Snapshot};
+use crate::catalog::{Dataset, PartitionEntry, Snapshot};
 use crate::{Error, Result};
 
 /// How often [`LiveQuery::select`] runs its query again on a head another
@@ -119,10 +119,27 @@ impl LiveQuery {
         self.dataset.cleanup_with(keep, dry_run)
     }
 
+    /// Commit partitions stored apart ([`Dataset::commit_stored`]).
+    pub fn commit_stored(
+        &self,
+        partitions: Vec<PartitionEntry>,
+        note: &str,
+        base: u64,
+        force: bool,
+    ) -> Result<Arc<Snapshot>> {
+        self.change(|d| d.commit_stored(partitions, note, base, force))
+    }
+
     /// Run `query` against the active snapshot and commit its result as the
     /// new population (`note` records it). If another writer moved the head
     /// meanwhile, the query runs again on the new head, up to
     /// [`SELECT_RETRIES`] times, before the [`Error::Conflict`] is returned.
+    ///
+    /// In one process the result is collected and committed as an update.
+    /// With workers, each worker stores the partitions of the rows it
+    /// computes ([`QuerySession::write`]) and only their descriptions come
+    /// back: this process commits them as one manifest, and no row of the
+    /// update passes through it.
     pub async fn select(self: Arc<Self>, query: String, note: String, force: bool) -> Result<u64> {
         let session = {
             let this = self.clone();
@@ -130,11 +147,21 @@ impl LiveQuery {
         };
         let mut attempts = 0;
         loop {
-            let base = self.dataset.snapshot().number();
-            let (schema, batches) = session.sql(&query).await?;
+            let active = self.dataset.snapshot();
+            let base = active.number();
             let (this, note) = (self.clone(), note.clone());
-            let committed =
-                blocking(move || this.update(&schema, &batches, &note, Some(base), force)).await;
+            let committed = match self.workers.is_empty() {
+                true => {
+                    drop(active);
+                    let (schema, batches) = session.sql(&query).await?;
+                    blocking(move || this.update(&schema, &batches, &note, Some(base), force)).await
+                }
+                false => {
+                    let recipe = self.dataset.stream_recipe(&active);
+                    let stored = session.write(&query, recipe, active).await?;
+                    blocking(move || this.commit_stored(stored, &note, base, force)).await
+                }
+            };
             match committed {
                 Err(Error::Conflict { .. }) if attempts < SELECT_RETRIES => {
                     attempts += 1;

@@ -23,7 +23,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 pub use self::live::{LiveQuery, SELECT_RETRIES};
 pub use self::metadata::MetadataTable;
 use self::tables::Tables;
-use crate::catalog::Snapshot;
+use crate::catalog::{PartitionEntry, Snapshot, StreamRecipe};
 use crate::store::CacheSet;
 use crate::Result;
 
@@ -117,7 +117,9 @@ impl QuerySession {
             .with_config(config)
             .with_default_features()
             .with_physical_optimizer_rule(Arc::new(exec::PayloadJoinRule))
-            .with_physical_optimizer_rule(Arc::new(exec::YieldingJoins));
+            .with_physical_optimizer_rule(Arc::new(exec::YieldingJoins))
+            // before `coordinate`, whose planner plans on top of it
+            .with_query_planner(Arc::new(exec::WritingPlanner));
         let state = match workers.is_empty() {
             true => state,
             false => coordinate(state, workers)?,
@@ -156,6 +158,34 @@ impl QuerySession {
         let table = MemTable::try_new(schema, vec![batches])?;
         self.tables.replace(name, Arc::new(table));
         Ok(())
+    }
+
+    /// Run `query` and store its rows as the partitions of an update
+    /// derived from `base` ([`crate::catalog::stream`]), each part of the
+    /// result where it is computed (on the workers, in a distributed
+    /// session); return the partitions stored, in the update's order, for
+    /// the caller to commit. A statement that is not a query is refused.
+    pub async fn write(
+        &self,
+        query: &str,
+        recipe: StreamRecipe,
+        base: Arc<Snapshot>,
+    ) -> Result<Vec<PartitionEntry>> {
+        let mut state = self.ctx.state();
+        let plan = state.create_logical_plan(query).await?;
+        read_only(&plan)?;
+        if matches!(plan, LogicalPlan::Ddl(_) | LogicalPlan::DescribeTable(_)) {
+            return Err(crate::Error::invalid(
+                "select commits the rows of a query: this statement returns none (nothing was \
+                 changed)",
+            ));
+        }
+        state
+            .config_mut()
+            .set_extension(Arc::new(exec::WriteTo::new(recipe, base)));
+        let physical = state.create_physical_plan(&plan).await?;
+        let batches = datafusion::physical_plan::collect(physical, state.task_ctx()).await?;
+        exec::describe(&batches)
     }
 
     pub fn context(&self) -> &SessionContext {

@@ -69,30 +69,142 @@ async fn a_group_by_on_two_workers_equals_the_one_in_one_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filter_and_reweight_committed_from_workers_is_the_one_process_commit() {
     let urls = workers().await;
-    let query = "SELECT cache_id, sample_id, x, f, u, weight * (1 + x) AS weight \
-                 FROM metadata WHERE x > 0";
-    let mut committed = Vec::new();
-    for workers in [Vec::new(), urls] {
-        let dir = tempfile::tempdir().unwrap();
-        let live = Arc::new(LiveQuery::with_workers(
-            Arc::new(ranged(dir.path())),
-            workers,
-        ));
-        let number = within(live.clone().select(query.into(), "reweight".into(), false))
-            .await
-            .unwrap();
-        let snapshot = live.dataset().snapshot();
-        assert_eq!(snapshot.number(), number);
-        let session = QuerySession::new(&snapshot, live.dataset().cache_set()).unwrap();
-        // the two datasets' cache ids differ (each names its own cache)
-        let (_, batches) = session
-            .sql("SELECT sample_id, x, f, u, weight FROM metadata")
-            .await
-            .unwrap();
-        committed.push(rows(&batches));
+    for query in [
+        "SELECT cache_id, sample_id, x, f, u, weight * (1 + x) AS weight \
+         FROM metadata WHERE x > 0",
+        // after a shuffle: each worker stores the groups it aggregates
+        "SELECT cache_id, min(sample_id) AS sample_id, x, sum(weight) AS weight \
+         FROM metadata GROUP BY cache_id, x",
+    ] {
+        let mut committed = Vec::new();
+        for workers in [Vec::new(), urls.clone()] {
+            let dir = tempfile::tempdir().unwrap();
+            let live = Arc::new(LiveQuery::with_workers(
+                Arc::new(ranged(dir.path())),
+                workers,
+            ));
+            let number = within(live.clone().select(query.into(), "reweight".into(), false))
+                .await
+                .unwrap();
+            let snapshot = live.dataset().snapshot();
+            assert_eq!(snapshot.number(), number);
+            let session = QuerySession::new(&snapshot, live.dataset().cache_set()).unwrap();
+            // the two datasets' cache ids differ (each names its own cache)
+            let (_, batches) = session
+                .sql("SELECT * EXCLUDE (cache_id) FROM metadata")
+                .await
+                .unwrap();
+            committed.push(rows(&batches));
+        }
+        assert!(!committed[0].is_empty());
+        assert_eq!(committed[0], committed[1], "{query}");
     }
-    assert!(!committed[0].is_empty());
-    assert_eq!(committed[0], committed[1]);
+}
+
+/// The column files in a dataset's snapshot directory.
+fn column_files(ds: &datasetrt::Dataset) -> std::collections::BTreeSet<String> {
+    let dir = ds.snapshot().path().parent().unwrap().join("columns");
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".arrow"))
+        .collect()
+}
+
+/// A `select` on workers stores its partitions in the stages the workers
+/// run: the caller commits their descriptions. A reweight of one partition
+/// writes that partition's weights and nothing else, the population keeps
+/// its order, and a bad row is the caller's typed error naming the row
+/// of the update, with nothing committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_select_on_workers_stores_its_partitions_on_them_and_commits_one_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let urls = workers().await;
+    let live = Arc::new(LiveQuery::with_workers(
+        Arc::new(ranged(dir.path())),
+        urls.clone(),
+    ));
+    let ds = live.dataset().clone();
+    let base = ds.snapshot();
+    let order = crate::identity_column(&base, 1);
+
+    // the write is in the stage the workers run, below the coordinator's
+    let there = QuerySession::with_workers(&base, ds.cache_set(), &urls).unwrap();
+    let mut state = there.context().state();
+    state
+        .config_mut()
+        .set_extension(Arc::new(datasetrt::query::exec::WriteTo::new(
+            ds.stream_recipe(&base),
+            base.clone(),
+        )));
+    let logical = state
+        .create_logical_plan("SELECT cache_id, sample_id, weight FROM metadata WHERE x > 0")
+        .await
+        .unwrap();
+    let plan = state.create_physical_plan(&logical).await.unwrap();
+    let plan = datafusion_distributed::display_plan_ascii(plan.as_ref(), false);
+    let write = plan.find("PopulationWriteExec").expect("a write");
+    assert!(write > plan.find("Stage 1").unwrap(), "{plan}");
+
+    // a reweight of the first partition's rows
+    let before = column_files(&ds);
+    let first = base.partition_rows(0);
+    let reweight = format!(
+        "SELECT cache_id, sample_id, x, f, u, \
+         CASE WHEN sample_id < {} THEN weight * 2 ELSE weight END AS weight FROM metadata",
+        order[first - 1] + 1
+    );
+    within(live.clone().select(reweight, "reweight".into(), false))
+        .await
+        .unwrap();
+    let after = ds.snapshot();
+    let new: Vec<_> = column_files(&ds).difference(&before).cloned().collect();
+    assert_eq!(new.len(), 1, "one weight file: {new:?}");
+    assert_eq!(after.num_partitions(), base.num_partitions());
+    assert_eq!(crate::identity_column(&after, 1), order);
+    let weights = crate::whole(&after).unwrap();
+    let weights = weights
+        .column_by_name("weight")
+        .unwrap()
+        .as_any()
+        .downcast_ref::<arrow::array::Float64Array>()
+        .unwrap()
+        .clone();
+    assert_eq!(weights.value(0), 2.0);
+    assert_eq!(weights.value(first), 1.0);
+
+    // a bad weight in a later partition: the update's row, typed
+    let bad_row = first + 3;
+    let bad = format!(
+        "SELECT cache_id, sample_id, \
+         CASE WHEN sample_id = {} THEN -1.0 ELSE weight END AS weight FROM metadata",
+        order[bad_row]
+    );
+    let err = within(live.clone().select(bad, "bad".into(), false))
+        .await
+        .unwrap_err();
+    match &err {
+        datasetrt::Error::InvalidInput { message, culprit } => {
+            assert_eq!(culprit.row, Some(bad_row as u64), "{message}");
+            assert_eq!(culprit.column.as_deref(), Some("weight"));
+            assert!(message.contains(&format!("row {bad_row} ")), "{message}");
+        }
+        other => panic!("not an invalid input: {other}"),
+    }
+    assert_eq!(ds.head().unwrap(), after.number());
+    // a result without identities is refused before anything runs
+    let err = within(live.clone().select(
+        "SELECT sample_id, weight FROM metadata".into(),
+        "no ids".into(),
+        false,
+    ))
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, datasetrt::Error::InvalidInput { .. }),
+        "{err}"
+    );
+    assert_eq!(ds.head().unwrap(), after.number());
 }
 
 /// Payloads are read where the caches are, by the coordinator: the workers

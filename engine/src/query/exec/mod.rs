@@ -7,6 +7,8 @@
 //! * [`PayloadJoinRule`]: a join with `payloads` on the identity becomes a
 //!   `PayloadTakeExec` over the other side.
 //! * [`YieldingJoins`]: joins that give the runtime back its threads.
+//! * [`PopulationWriteExec`]: a query's rows stored as partitions of an
+//!   update where they are computed, planned by [`WritingPlanner`].
 
 mod coop;
 mod join_rule;
@@ -14,6 +16,7 @@ pub(crate) mod metadata_scan;
 pub(crate) mod sample;
 pub(crate) mod scan;
 pub mod take;
+mod write;
 
 pub use coop::YieldingJoins;
 pub use join_rule::PayloadJoinRule;
@@ -21,3 +24,4 @@ pub use metadata_scan::{MetadataScanExec, Slice};
 pub use sample::{draws_schema, SampleExec};
 pub use scan::PayloadScanExec;
 pub use take::{PayloadColumn, PayloadTakeExec, Unmatched};
+pub use write::{describe, PopulationWriteExec, WriteTo, WritingPlanner};

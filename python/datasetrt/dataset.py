@@ -320,6 +320,11 @@ class Dataset:
         head meanwhile, it runs again on the new head (up to three times)
         before :class:`ConflictError` is raised; ``force=True`` commits the
         first result whatever the head.
+
+        Opened with ``workers=[url, ...]``, each worker checks and stores
+        the partitions of the rows it computes (in the snapshot directory,
+        which it must be able to write) and this process commits them: the
+        result's rows never pass through here.
         """
         return self._commit_sql(query, None, force)
 

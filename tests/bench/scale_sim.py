@@ -130,6 +130,15 @@ def simulate(cost: dict, rows: int, a: argparse.Namespace) -> dict:
         "reweight 1 % (clustered)": human_s(cost["reweight_1pct_s_per_row"] * rows)
         if cost["reweight_1pct_s_per_row"] is not None
         else "not measured",
+        # measured: a `select` that reweights on workers, each storing the
+        # partitions it computes (core-seconds per row on the measuring
+        # machine), a partition a task, in waves over the workers' cores
+        "reweight by select on workers": (
+            f"{human_s(cost['select_core_s_per_row'] * part_rows * waves)} "
+            f"({a.sql_workers} x {a.cores_per_worker} cores)"
+        )
+        if cost["select_core_s_per_row"] is not None
+        else "not measured",
     }
     return {"rows": rows, "ranks": ranks, "single": single, "partitioned": partitioned}
 
@@ -169,6 +178,16 @@ def costs(path: Path) -> tuple[dict, dict]:
         "reweight_1pct_s_per_row": (top["reweight_1pct_contiguous_s"] / n)
         if "reweight_1pct_contiguous_s" in top
         else None,
+        # the largest size measured on workers (bench_scale.py, not --lean)
+        "select_core_s_per_row": max(
+            (
+                (r["select_two_workers_s"] * data["cpus"] / r["rows"], r["rows"])
+                for r in data["sizes"]
+                if "select_two_workers_s" in r
+            ),
+            key=lambda c: c[1],
+            default=(None, 0),
+        )[0],
         **part_open(data["sizes"]),
     }
 

@@ -395,3 +395,21 @@ impl datafusion::execution::context::QueryPlanner for WritingPlanner {
         )))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::renumber;
+
+    #[test]
+    fn a_problem_is_renumbered_at_its_row_not_at_a_longer_number() {
+        assert_eq!(
+            renumber("row 55 (cache_id 5): row 5 is bad", 5, 12),
+            "row 55 (cache_id 5): row 12 is bad"
+        );
+        assert_eq!(
+            renumber("column \"weight\" is null at row 3", 3, 40),
+            "column \"weight\" is null at row 40"
+        );
+        assert_eq!(renumber("no row here", 3, 40), "no row here");
+    }
+}

@@ -372,12 +372,8 @@ impl Dataset {
     ) -> Result<Arc<Snapshot>> {
         let (schema, batches) = validate::normalize(schema, batches)?;
         let active = self.snapshot();
-        // Identities are checked per partition, except where a partition's
-        // identity columns are the active snapshot's (checked when written):
-        // a reweight reads only its weights.
-        let checked = active.identity_hashes();
-        let ids = (schema.index_of("cache_id")?, schema.index_of("sample_id")?);
         let samples = Samples::of(&self.caches);
+        let checks = validate::PartitionChecks::new(&active, &schema, &samples)?;
         let mut total = 0.0;
         let population = snapshot::Partitioned::new(
             &schema,
@@ -385,13 +381,12 @@ impl Dataset {
             self.partition_rows,
             Some(&active),
             |first_row, part, hashes| {
-                let known = checked.contains(&(hashes[ids.0].as_str(), hashes[ids.1].as_str()));
-                total += validate::check_rows(&samples, part, first_row, !known)?;
+                total += checks.check(first_row, part, hashes)?;
                 Ok(())
             },
         )?;
         validate::check_total(population.num_rows(), total)?;
-        drop(checked);
+        drop(checks);
         let base = base.unwrap_or_else(|| active.number());
         drop(active);
         self.commit(Population::Made(&population), note, base, force)

@@ -21,7 +21,7 @@ use super::snapshot::{
     partition_line, store_partition, write_partition, Known, PartitionEntry, Partitioned,
     PARTITION_LINES,
 };
-use super::validate::{self, Samples, Shape};
+use super::validate::{PartitionChecks, Samples, Shape};
 use super::Snapshot;
 use crate::{Error, Result};
 
@@ -126,21 +126,14 @@ impl StreamWriter {
 
     /// Store `batches` (of `rows` rows) as one partition.
     fn store(&mut self, batches: &[RecordBatch], rows: usize) -> Result<()> {
-        let checked = self.base.identity_hashes();
-        let ids = (
-            self.shape.stored.index_of("cache_id")?,
-            self.shape.stored.index_of("sample_id")?,
-        );
-        let (samples, first) = (&self.samples, self.done);
+        let checks = PartitionChecks::new(&self.base, &self.shape.stored, &self.samples)?;
+        let first = self.done;
         let part = Partitioned::with_sizes(
             &self.shape.stored,
             batches,
             vec![rows],
             Some(self.base.as_ref()),
-            |_, part, hashes| {
-                let known = checked.contains(&(hashes[ids.0].as_str(), hashes[ids.1].as_str()));
-                validate::check_rows(samples, part, first, !known).map(drop)
-            },
+            |_, part, hashes| checks.check(first, part, hashes).map(drop),
         )?;
         for made in part.parts() {
             let (batch, hashes) = made?;

@@ -7,6 +7,7 @@ use arrow::array::{Array, ArrayRef, AsArray, Float64Array, RecordBatch};
 use arrow::compute::{cast, cast_with_options, CastOptions};
 use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef};
 
+use super::Snapshot;
 use crate::store::CacheSet;
 use crate::{Error, Result};
 
@@ -209,6 +210,34 @@ impl Samples {
 
     fn ids(&self) -> Vec<i64> {
         self.0.iter().map(|c| c.0).collect()
+    }
+}
+
+/// The checks of the partitions of an update derived from `base`: every
+/// weight, and the identities, except in a partition whose identity
+/// columns are the base's (checked when they were written: a reweight
+/// reads only its weights).
+pub struct PartitionChecks<'a> {
+    checked: std::collections::HashSet<(&'a str, &'a str)>,
+    ids: (usize, usize),
+    samples: &'a Samples,
+}
+
+impl<'a> PartitionChecks<'a> {
+    /// For partitions of `schema` (normalized) against `samples`.
+    pub fn new(base: &'a Snapshot, schema: &SchemaRef, samples: &'a Samples) -> Result<Self> {
+        Ok(PartitionChecks {
+            checked: base.identity_hashes(),
+            ids: (schema.index_of("cache_id")?, schema.index_of("sample_id")?),
+            samples,
+        })
+    }
+
+    /// Check partition `part` (its first row `first_row` of the update, the
+    /// content hashes of its columns `hashes`); the sum of its weights.
+    pub fn check(&self, first_row: usize, part: &RecordBatch, hashes: &[String]) -> Result<f64> {
+        let ids = (hashes[self.ids.0].as_str(), hashes[self.ids.1].as_str());
+        check_rows(self.samples, part, first_row, !self.checked.contains(&ids))
     }
 }
 

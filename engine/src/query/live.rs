@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 
-use super::QuerySession;
+use super::{blocking, QuerySession};
 use crate::catalog::{Dataset, PartitionEntry, Snapshot};
 use crate::{Error, Result};
 
@@ -172,11 +172,4 @@ impl LiveQuery {
             }
         }
     }
-}
-
-/// Run blocking work (file I/O, a lock) off the async workers.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::internal(format!("a blocking task failed: {e}")))?
 }

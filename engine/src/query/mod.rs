@@ -85,6 +85,15 @@ pub fn read_only(plan: &LogicalPlan) -> Result<()> {
     Ok(())
 }
 
+/// Run blocking work (file I/O, hashing, a lock) off the async workers.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| crate::Error::internal(format!("a blocking task failed: {e}")))?
+}
+
 /// A SQL session bound to one dataset.
 pub struct QuerySession {
     ctx: SessionContext,

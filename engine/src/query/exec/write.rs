@@ -34,6 +34,7 @@ use futures::StreamExt;
 use super::metadata_scan::{MetadataScanExec, Slice};
 use crate::catalog::stream::{parse_partition, partition_text};
 use crate::catalog::{PartitionEntry, Snapshot, StreamRecipe, StreamWriter};
+use crate::query::blocking;
 use crate::{Culprit, Error, Result};
 
 /// The rows of `input` stored by `recipe`, one row out per partition.
@@ -170,35 +171,22 @@ impl ExecutionPlan for PopulationWriteExec {
         let schema = self.input.schema();
         let first = slice.map(|s| s.len);
         let write = async move {
-            let writer = StreamWriter::new(&recipe, base, &schema, first)?;
-            let mut writer = Some(writer);
-            let mut problem = None;
-            while let Some(batch) = input.next().await {
+            let mut writer = StreamWriter::new(&recipe, base, &schema, first)?;
+            // hashing and storing are CPU and file work: off the async workers
+            let stored = loop {
+                let Some(batch) = input.next().await else {
+                    break blocking(move || writer.finish()).await;
+                };
                 let batch = batch?;
-                let mut w = writer.take().expect("the writer is back after each batch");
-                // hashing and storing are CPU and file work: off the async workers
-                let (w, pushed) = tokio::task::spawn_blocking(move || {
-                    let pushed = w.push(&batch);
-                    (w, pushed)
-                })
-                .await
-                .map_err(|e| Error::internal(format!("a write task failed: {e}")))?;
-                writer = Some(w);
-                match pushed {
-                    Ok(()) => {}
-                    Err(e @ Error::InvalidInput { .. }) => {
-                        problem = Some(e);
-                        break;
-                    }
-                    Err(e) => return Err(e.into()),
+                match blocking(move || writer.push(&batch).map(|()| writer)).await {
+                    Ok(back) => writer = back,
+                    Err(e) => break Err(e),
                 }
-            }
-            let w = writer.take().expect("the writer is back after each batch");
-            let stored = match problem {
-                Some(_) => Vec::new(),
-                None => tokio::task::spawn_blocking(move || w.finish())
-                    .await
-                    .map_err(|e| Error::internal(format!("a write task failed: {e}")))??,
+            };
+            let (stored, problem) = match stored {
+                Ok(stored) => (stored, None),
+                Err(e @ Error::InvalidInput { .. }) => (Vec::new(), Some(e)),
+                Err(e) => return Err(e.into()),
             };
             Ok::<_, DataFusionError>(described(slice, &stored, problem)?)
         };

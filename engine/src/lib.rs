@@ -38,6 +38,15 @@ pub fn threads() -> usize {
 }
 pub use error::{Culprit, Error, RecordAt, Result};
 
+/// Stack of each thread of the engine's runtimes (SQL is planned and run
+/// there). DataFusion walks plans and expressions recursively; with its
+/// `recursive_protection` the tree walks grow their stack on the heap, but
+/// evaluating, cloning and dropping an expression of 20,000 terms (a
+/// generated `OR` chain, long `+` or `||` chains) still recurses once per
+/// term, and the 2 MiB tokio default ended the process with SIGSEGV at
+/// 1,000. Only the pages a thread touches are backed by memory.
+pub const THREAD_STACK: usize = 64 << 20;
+
 /// Threads that wait on the disk rather than compute: mapping the files a
 /// batch's draws land in and reading their headers, a few small reads each.
 /// The disk serves many at once and a waiting thread holds no core, so

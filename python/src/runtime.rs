@@ -34,6 +34,7 @@ pub fn runtime() -> PyResult<Arc<Runtime>> {
             builder
                 .worker_threads(datasetrt::threads())
                 .thread_name("datasetrt")
+                .thread_stack_size(datasetrt::THREAD_STACK)
                 .enable_time();
             #[cfg(feature = "distributed")]
             builder.enable_io(); // the workers' connections

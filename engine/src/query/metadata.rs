@@ -97,7 +97,16 @@ impl TableProvider for MetadataTable {
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let schema = self.snapshot.schema();
-        let parts = match conjunction(filters.iter().cloned()) {
+        // Choosing partitions by their ranges is an optimization: it may use
+        // any of the conjuncts (fewer keep more partitions, never fewer than
+        // needed). Long filters are left to the rows: pruning 4,000 ANDed
+        // conditions took seconds, and grew with the square of their count.
+        let small = filters
+            .iter()
+            .filter(|f| at_most_nodes(f, PRUNE_NODES))
+            .take(PRUNE_CONJUNCTS)
+            .cloned();
+        let parts = match conjunction(small) {
             Some(filter) => {
                 let df_schema = DFSchema::try_from(schema.clone())?;
                 self.matching(&state.create_physical_expr(filter, &df_schema)?)
@@ -112,6 +121,25 @@ impl TableProvider for MetadataTable {
         let scan = MetadataScanExec::new(self.snapshot.clone(), columns, slices)?;
         Ok(Arc::new(scan))
     }
+}
+
+/// Partitions are chosen by at most this many of a filter's conjuncts...
+const PRUNE_CONJUNCTS: usize = 32;
+/// ... each of at most this many expression nodes.
+const PRUNE_NODES: usize = 64;
+
+/// Whether `expr` has at most `limit` nodes (stops counting past it).
+fn at_most_nodes(expr: &Expr, limit: usize) -> bool {
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+    let mut seen = 0;
+    let _ = expr.apply(|_| {
+        seen += 1;
+        Ok(match seen > limit {
+            true => TreeNodeRecursion::Stop,
+            false => TreeNodeRecursion::Continue,
+        })
+    });
+    seen <= limit
 }
 
 /// The manifest's ranges, one container per snapshot partition.

@@ -7,6 +7,7 @@ pub mod distributed;
 pub mod exec;
 mod live;
 mod metadata;
+pub mod parse;
 pub mod payloads;
 mod tables;
 pub mod udf;
@@ -18,6 +19,11 @@ use arrow::datatypes::SchemaRef;
 use datafusion::datasource::MemTable;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
+use datafusion::optimizer::analyzer::{Analyzer, AnalyzerRule};
+use datafusion::optimizer::{Optimizer, OptimizerRule};
+use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
+use datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 pub use self::live::{LiveQuery, SELECT_RETRIES};
@@ -122,11 +128,34 @@ impl QuerySession {
             .with_batch_size(BATCH_SIZE)
             .with_target_partitions(partitions)
             .with_information_schema(true);
+        // long chains balanced before DataFusion's rules in each pass (they
+        // are quadratic on a left-deep chain) and after them (they rebuild
+        // conjunctions left-deep): see `exec::BalanceChains`
+        let mut rules: Vec<Arc<dyn OptimizerRule + Send + Sync>> =
+            vec![Arc::new(exec::BalanceChains)];
+        rules.extend(Optimizer::new().rules);
+        rules.push(Arc::new(exec::BalanceChains));
+        // before DataFusion's passes, one of which moves a top-k sort below
+        // a window function (`exec::LimitAboveWindows`)
+        let mut physical: Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> =
+            vec![Arc::new(exec::LimitAboveWindows)];
+        physical.extend(PhysicalOptimizer::new().rules);
+        let mut analyzers: Vec<Arc<dyn AnalyzerRule + Send + Sync>> =
+            vec![Arc::new(exec::BalanceChains)];
+        analyzers.extend(Analyzer::new().rules);
         let state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
+            .with_analyzer_rules(analyzers)
+            .with_optimizer_rules(rules)
+            .with_physical_optimizer_rules(physical)
             .with_physical_optimizer_rule(Arc::new(exec::PayloadJoinRule))
             .with_physical_optimizer_rule(Arc::new(exec::YieldingJoins))
+            // DataFusion's own check that every node gets the ordering and
+            // partitioning it requires, run again after our rules: a rule or
+            // node that declares more than it delivers is a planning error,
+            // not wrong rows
+            .with_physical_optimizer_rule(Arc::new(SanityCheckPlan::new()))
             // before `coordinate`, whose planner plans on top of it
             .with_query_planner(Arc::new(exec::WritingPlanner));
         let state = match workers.is_empty() {
@@ -181,7 +210,7 @@ impl QuerySession {
         base: Arc<Snapshot>,
     ) -> Result<Vec<PartitionEntry>> {
         let mut state = self.ctx.state();
-        let plan = state.create_logical_plan(query).await?;
+        let plan = parse::logical_plan(&state, query).await?;
         read_only(&plan)?;
         if matches!(plan, LogicalPlan::Ddl(_) | LogicalPlan::DescribeTable(_)) {
             return Err(crate::Error::invalid(
@@ -204,7 +233,7 @@ impl QuerySession {
     /// Run one SQL statement and collect its result. Statements read the
     /// dataset and what was registered, nothing else: see [`read_only`].
     pub async fn sql(&self, query: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-        let plan = self.ctx.state().create_logical_plan(query).await?;
+        let plan = parse::logical_plan(&self.ctx.state(), query).await?;
         read_only(&plan)?;
         // DataFusion turns a refused DROP into "doesn't exist": say why here
         if let LogicalPlan::Ddl(ddl) = &plan {
@@ -220,8 +249,21 @@ impl QuerySession {
             }
         }
         let df = self.ctx.execute_logical_plan(plan).await?;
-        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
-        let batches = df.collect().await?;
+        let task = df.task_ctx();
+        let physical = df.create_physical_plan().await?;
+        // The schema of the rows as computed: the logical one can differ in
+        // nullability from the batches (a query of constants, `SELECT
+        // upper('a')`, computes a non-null column the logical plan calls
+        // nullable), and one result has one schema.
+        let schema = physical.schema();
+        let batches = datafusion::physical_plan::collect(physical, Arc::new(task)).await?;
+        let batches = batches
+            .into_iter()
+            .map(|b| match b.schema() == schema {
+                true => Ok(b),
+                false => b.with_schema(schema.clone()),
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         Ok((schema, batches))
     }
 }

@@ -46,7 +46,8 @@ use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::limit::LocalLimitExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
 
 use super::take::{PayloadColumn, PayloadTakeExec, Unmatched};
 
@@ -265,12 +266,42 @@ fn rewrite(join: &HashJoinExec) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
             .collect();
         Arc::new(ProjectionExec::try_new(exprs, take)?)
     };
+    Ok(Some(deliver_as(join, out)?))
+}
+
+/// `out`, which computes the rows of `join`, made to deliver what the join
+/// declared and the plan above was optimized for. The join's output can be
+/// hash-partitioned on its keys (a grouping above then needs no shuffle) or
+/// ordered as its probe side is (a payload scan is ordered by identity: an
+/// ORDER BY above then merges instead of sorting); the take over the other
+/// side has neither unless that side had them. Without this an `ORDER BY`
+/// over a join with `payloads` returned rows out of order.
+fn deliver_as(
+    join: &HashJoinExec,
+    out: Arc<dyn ExecutionPlan>,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let mut out = out;
+    let wanted = join.properties().output_partitioning();
+    if matches!(wanted, Partitioning::Hash(..)) && out.output_partitioning() != wanted {
+        out = Arc::new(RepartitionExec::try_new(out, wanted.clone())?);
+    }
+    if let Some(ordering) = join.properties().output_ordering() {
+        if !out
+            .equivalence_properties()
+            .ordering_satisfy(ordering.clone())?
+        {
+            let sort = SortExec::new(ordering.clone(), out)
+                .with_preserve_partitioning(true)
+                .with_fetch(join.fetch());
+            return Ok(Arc::new(sort));
+        }
+    }
     // A LIMIT DataFusion pushed into the join (its `fetch`, per partition)
     // stays: with one partition nothing above the join limits the rows.
-    Ok(Some(match join.fetch() {
+    Ok(match join.fetch() {
         Some(n) => Arc::new(LocalLimitExec::new(out, n)),
         None => out,
-    }))
+    })
 }
 impl PhysicalOptimizerRule for PayloadJoinRule {
     fn optimize(

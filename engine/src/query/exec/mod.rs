@@ -7,21 +7,30 @@
 //! * [`PayloadJoinRule`]: a join with `payloads` on the identity becomes a
 //!   `PayloadTakeExec` over the other side.
 //! * [`YieldingJoins`]: joins that give the runtime back its threads.
+//! * [`LimitAboveWindows`]: `ORDER BY ... LIMIT` over a window function
+//!   keeps its limit above the window (DataFusion moved it below).
+//! * [`BalanceChains`]: long `AND`/`OR`/`||` chains as balanced trees (a
+//!   generated 20,000-term filter plans in linear time, without deep
+//!   recursion).
 //! * [`PopulationWriteExec`]: a query's rows stored as partitions of an
 //!   update where they are computed, planned by [`WritingPlanner`].
 
 mod coop;
+mod deep;
 mod join_rule;
 pub(crate) mod metadata_scan;
 pub(crate) mod sample;
 pub(crate) mod scan;
 pub mod take;
+mod window_limit;
 mod write;
 
 pub use coop::YieldingJoins;
+pub use deep::BalanceChains;
 pub use join_rule::PayloadJoinRule;
 pub use metadata_scan::{MetadataScanExec, Slice};
 pub use sample::{draws_schema, SampleExec};
 pub use scan::PayloadScanExec;
 pub use take::{PayloadColumn, PayloadTakeExec, Unmatched};
+pub use window_limit::LimitAboveWindows;
 pub use write::{describe, PopulationWriteExec, WriteTo, WritingPlanner};

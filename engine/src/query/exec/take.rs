@@ -125,8 +125,14 @@ impl PayloadTakeExec {
                 .map(|c| Arc::new(c.field().with_nullable(nullable))),
         );
         let schema = Arc::new(Schema::new(fields));
+        // Rows leave in input order, some dropped, none added, and the input's
+        // columns keep their positions: what the input declares of them
+        // (orderings, equal columns, constants, unique keys) still holds.
+        // The appended payload columns are declared nothing.
+        let equivalence = EquivalenceProperties::new(schema.clone())
+            .extend(input.equivalence_properties().clone())?;
         let properties = PlanProperties::new(
-            EquivalenceProperties::new(schema.clone()),
+            equivalence,
             input.output_partitioning().clone(),
             EmissionType::Incremental,
             Boundedness::Bounded,

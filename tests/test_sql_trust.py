@@ -1,0 +1,210 @@
+"""SQL a notebook cannot crash or mislead: deep generated queries answer or
+raise `QueryError` (never a signal), `ORDER BY` over a join with `payloads`
+is applied, a query of constants answers, and every plan keeps the orderings
+its nodes declare."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import polars as pl
+import pytest
+
+import datasetrt as drt
+
+# Each shape at the sizes the guarantee names (docs/guarantees.md): a
+# generated query of up to 20,000 terms or 3,000 UNION ALL branches answers
+# correctly or raises QueryError. `n` is the size, `answer` what it returns.
+DEEP = {
+    "or": (
+        "SELECT count(*) AS n FROM metadata WHERE "
+        "{' OR '.join(f'sample_id = {i}' for i in range(n))}",
+        "min(n, 40)",
+    ),
+    "and": (
+        "SELECT count(*) AS n FROM metadata WHERE "
+        "{' AND '.join(f'sample_id <> {i + 1000}' for i in range(n))}",
+        "40",
+    ),
+    "plus": ("SELECT {' + '.join('1' for _ in range(n))} AS n", "n"),
+    "concat": ("SELECT length({' || '.join(repr('a') for _ in range(n))}) AS n", "n"),
+    "union": (
+        "SELECT sum(n) AS n FROM ({' UNION ALL '.join('SELECT 1 AS n' for _ in range(n))})",
+        "n",
+    ),
+    "in_list": (
+        "SELECT count(*) AS n FROM metadata WHERE sample_id IN ({', '.join(map(str, range(n)))})",
+        "min(n, 40)",
+    ),
+    "parens": ("SELECT {'(' * n}1{')' * n} AS n", "1"),
+}
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    import datasetrt as drt
+    shape, n, root = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    query, answer = {shapes}[shape]
+    ds = drt.open(root)
+    sql = eval("f" + repr(query))
+    try:
+        got = ds.sql(sql)["n"][0]
+    except drt.QueryError as e:
+        print("QueryError", str(e)[:200])
+    else:
+        assert got == eval(answer), (got, eval(answer))
+        print("answer", got)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    from conftest import Source
+
+    root = tmp_path_factory.mktemp("deep")
+    drt.build(root, [Source("deep-v1", 40)], progress=False)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("shape", "n", "outcome"),
+    [
+        ("or", 1_000, "answer"),
+        ("or", 20_000, "answer"),
+        ("and", 20_000, "answer"),
+        ("plus", 1_000, "answer"),
+        # arithmetic is not regrouped (over floats the grouping changes the
+        # sum): past 2,000 nested operators it is refused before planning
+        ("plus", 20_000, "QueryError"),
+        ("concat", 20_000, "answer"),
+        ("union", 600, "answer"),
+        ("union", 3_000, "answer"),
+        ("in_list", 20_000, "answer"),
+        # nested parentheses meet the parser's recursion limit
+        ("parens", 5_000, "QueryError"),
+    ],
+)
+def test_a_deep_query_answers_or_raises_query_error_never_a_signal(small, shape, n, outcome):
+    """Generated SQL with long id lists is ordinary in notebooks: a 1,000-term
+    OR chain ended the process with SIGSEGV (a stack overflow on an engine
+    thread), 20,000 ANDed conditions planned for minutes. Run in a child so
+    a crash fails this test, not the suite."""
+    script = CHILD.replace("{shapes}", repr(DEEP))
+    done = subprocess.run(
+        [sys.executable, "-c", script, shape, str(n), str(small)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    assert done.stdout.startswith(outcome), done.stdout
+
+
+def test_nesting_past_the_parser_limit_is_a_query_error(small):
+    ds = drt.open(small)
+    with pytest.raises(drt.QueryError, match="(?i)recursion"):
+        ds.sql("SELECT " + "(" * 5000 + "1" + ")" * 5000)
+
+
+JOIN_ORDERED = (
+    "SELECT m.cache_id, m.sample_id, p.data FROM metadata m "
+    "JOIN payloads p USING (cache_id, sample_id) ORDER BY m.cache_id, m.sample_id"
+)
+
+
+@pytest.fixture(params=["default", "7-row partitions"])
+def two_caches_cut(request, tmp_path, monkeypatch):
+    """Two caches (500 + 300 samples), their snapshot in one partition or in
+    partitions of 7 rows (where the lost ORDER BY showed in 9 of 10 runs)."""
+    from conftest import Source
+
+    if request.param != "default":
+        monkeypatch.setenv("DATASETRT_PARTITION_ROWS", "7")
+    sources = [Source("alpha-v1", 500), Source("beta-v1", 300)]
+    return drt.build(tmp_path, sources, progress=False)
+
+
+def test_order_by_over_a_join_with_payloads_is_applied(two_caches_cut):
+    ds = two_caches_cut
+    for _ in range(5):
+        got = ds.sql(JOIN_ORDERED)
+        assert got.height == 800
+        ids = got.select("cache_id", "sample_id")
+        assert ids.equals(ids.sort("cache_id", "sample_id")), "rows out of ORDER BY's order"
+    # descending and with a limit, the take's order is not the scan's
+    got = ds.sql(
+        "SELECT m.sample_id FROM metadata m JOIN payloads p USING (cache_id, sample_id) "
+        "ORDER BY m.sample_id DESC, m.cache_id LIMIT 30"
+    )
+    want = ds.sql("SELECT sample_id FROM metadata ORDER BY sample_id DESC, cache_id LIMIT 30")
+    assert got["sample_id"].to_list() == want["sample_id"].to_list()
+
+
+def test_select_of_an_ordered_join_stores_the_population_in_that_order(two_caches_cut):
+    ds = two_caches_cut
+    ds.select(
+        "SELECT m.* FROM metadata m JOIN payloads p USING (cache_id, sample_id) "
+        "ORDER BY m.label, m.cache_id DESC, m.sample_id"
+    )
+    stored = ds.get_metadata().select("label", "cache_id", "sample_id")
+    assert stored.equals(
+        stored.sort(["label", "cache_id", "sample_id"], descending=[False, True, False])
+    )
+
+
+def test_a_grouping_over_a_join_with_payloads_counts_each_group_once(two_caches_cut):
+    ds = two_caches_cut
+    got = ds.sql(
+        "SELECT m.cache_id, m.sample_id, count(*) AS n FROM metadata m "
+        "JOIN payloads p USING (cache_id, sample_id) GROUP BY m.cache_id, m.sample_id"
+    )
+    assert got.height == 800
+    assert got["n"].to_list() == [1] * 800
+
+
+@pytest.mark.parametrize(
+    ("query", "value"),
+    [
+        ("SELECT length('ab') AS v", 2),
+        ("SELECT upper('a') AS v", "A"),
+        ("SELECT abs(-1) AS v", 1),
+        ("SELECT sqrt(4) AS v", 2.0),
+        ("SELECT concat('a', 'b') AS v", "ab"),
+        ("SELECT repeat('a', 3) AS v", "aaa"),
+        ("SELECT 1 AS v", 1),
+    ],
+)
+def test_a_query_of_constants_answers(small, query, value):
+    ds = drt.open(small)
+    got = ds.sql(query)
+    assert got.shape == (1, 1)
+    assert got["v"][0] == value
+
+
+def test_a_sampling_function_of_constants_answers_as_over_rows(small):
+    ds = drt.open(small)
+    alone = ds.sql("SELECT drt_uniform(1, 2, 3) AS u")["u"][0]
+    over = ds.sql("SELECT drt_uniform(1, 2, 3) AS u FROM metadata LIMIT 1")["u"][0]
+    assert 0.0 <= alone < 1.0
+    assert alone == over
+
+
+def test_every_plan_of_the_custom_nodes_passes_the_sanity_check(two_caches_cut):
+    """The session runs DataFusion's plan sanity check after its own rules: a
+    node that declares an ordering or partitioning it does not deliver fails
+    planning instead of returning wrong rows. These plans mix every node."""
+    ds = two_caches_cut
+    for q in [
+        JOIN_ORDERED,
+        "SELECT cache_id, sample_id, raw_len FROM payloads ORDER BY cache_id, sample_id",
+        "SELECT m.label, count(*) FROM metadata m JOIN payloads p "
+        "USING (cache_id, sample_id) GROUP BY m.label ORDER BY m.label",
+        "SELECT * FROM (SELECT m.sample_id, p.data FROM metadata m LEFT JOIN payloads p "
+        "USING (cache_id, sample_id) ORDER BY 1 LIMIT 5) ORDER BY sample_id DESC",
+    ]:
+        plan = ds.sql("EXPLAIN " + q)
+        assert plan.filter(pl.col("plan_type") == "physical_plan").height == 1, q
+        ds.sql(q)

@@ -124,3 +124,39 @@ def test_draws_are_the_sequence_the_loader_delivers(weighted, mode):
     rows = weighted.draws(1, epoch=4, sampling=mode).to_list()
     assert rows == [r for b in weighted.loader(16, seed=1, epoch=4, sampling=mode) for r in b.rows]
     assert weighted.draws(1, epoch=4, start=10, count=5, sampling=mode).to_list() == rows[10:15]
+
+
+def test_balanced_epochs_are_balanced_for_a_column_interleaved_with_the_rows(tmp_path):
+    """Labels interleaved with the rows (label = i % 5, weights 1..5 by label):
+    a balanced epoch gave label 0 no draw in 21 of 30 epochs (the rounding
+    followed row order), while `population` reports 66.7 draws per epoch."""
+    src = Source("periodic-v1", 1500, meta=lambda i: {"label": i % 5})
+    ds = drt.build(tmp_path, [src], progress=False)
+    meta = ds.get_metadata()
+    ds.update_metadata(meta.with_columns((pl.col("label") + 1).cast(pl.Float64).alias("weight")))
+    for seed, epoch in [(s, e) for s in range(3) for e in range(10)]:
+        labels = collections.Counter(
+            i % 5 for i in draws(ds, "balanced", seed=seed, epoch=epoch, epoch_len=1000)
+        )
+        for label in range(5):
+            expected = 1000 * (label + 1) / 15
+            # far inside what independent draws would give (sd <= 13)
+            assert abs(labels[label] - expected) <= 40, (seed, epoch, labels)
+
+
+@pytest.mark.parametrize("weight", [2e-310, 1e-300, 1e300])
+def test_equal_weights_draw_uniformly_at_any_scale(tmp_path, weight):
+    """Equal subnormal weights (2e-310) drew 1 distinct row of 50 in a
+    balanced epoch, and with replacement far from uniformly."""
+    ds = drt.build(tmp_path, [Source("scale-v1", 50)], progress=False)
+    ds.update_metadata(ds.get_metadata().with_columns(pl.lit(weight).alias("weight")))
+    balanced = sorted(draws(ds, "balanced", epoch_len=50))
+    assert balanced == list(range(50))
+    counts = collections.Counter()
+    for epoch in range(40):
+        counts.update(draws(ds, "replacement", epoch=epoch, epoch_len=500))
+    # 20,000 draws over 50 rows: chi-square on 49 degrees of freedom (p = 0.999 at 85.4)
+    chi2 = sum((counts[r] - 400) ** 2 / 400 for r in range(50))
+    assert chi2 < 85.4, (chi2, counts)
+    firsts = {draws(ds, "weighted_without_replacement", seed=s)[0] for s in range(60)}
+    assert len(firsts) > 25, firsts

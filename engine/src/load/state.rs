@@ -277,11 +277,12 @@ impl LoaderState {
             .draws_as_scheme(self.draws, snapshot.num_partitions())
         {
             return Err(Error::invalid(format!(
-                "the state was taken by a build that drew {} samples by draw scheme {} \
-                 (one table of every row's weight); this build draws scheme {DRAW_SCHEME} \
-                 (a partition by its weight mass, then a row of it), a different sequence over \
-                 snapshot {}'s {} partitions, so resuming would repeat and skip samples. Start \
-                 the epoch anew (or resume with the build that took the state)",
+                "the state was taken by a build that drew {} samples by draw scheme {}; this \
+                 build draws scheme {DRAW_SCHEME} (see DRAW_SCHEME: 2 weighted a partition by \
+                 its mass, then a row of it; 3 walks balanced blocks in a seeded order), a \
+                 different sequence over snapshot {}'s {} partitions, so resuming would repeat \
+                 and skip samples. Start the epoch anew (or resume with the build that took the \
+                 state)",
                 self.sampling.name(),
                 self.draws,
                 self.snapshot,
@@ -391,8 +392,12 @@ mod tests {
         assert!(Sampling::Replacement.draws_as_scheme(old.draws, 1));
         assert!(!Sampling::Replacement.draws_as_scheme(old.draws, 2));
         assert!(!Sampling::Balanced.draws_as_scheme(old.draws, 2));
-        assert!(Sampling::Balanced.draws_as_scheme(old.draws, 1));
-        assert!(!Sampling::Permutation.draws_as_scheme(3, 1));
+        // balanced lookups walk their blocks in a seeded order since scheme 3
+        assert!(!Sampling::Balanced.draws_as_scheme(old.draws, 1));
+        assert!(!Sampling::Balanced.draws_as_scheme(2, 1));
+        assert!(Sampling::Replacement.draws_as_scheme(2, 40));
+        assert!(Sampling::WeightedWithoutReplacement.draws_as_scheme(2, 40));
+        assert!(!Sampling::Permutation.draws_as_scheme(4, 1));
     }
 
     #[test]

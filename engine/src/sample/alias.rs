@@ -46,13 +46,21 @@ fn fill(weights: &Weights<'_>, prob: &mut [f64], alias: &mut [u32]) -> Result<()
             "weights must be finite, non-negative, with a positive sum",
         ));
     }
+    // n / total overflows when the weights are near the smallest doubles
+    // (equal subnormal weights made every entry infinite, and the draws far
+    // from uniform): then w / total * n, which only rounds differently, so
+    // tables of ordinary weights keep their bits
     let scale = n as f64 / total;
+    let (n_f, finite) = (n as f64, scale.is_finite());
     for ((p, a), (k, w)) in prob
         .iter_mut()
         .zip(alias.iter_mut())
         .zip(weights.iter().enumerate())
     {
-        *p = w * scale;
+        *p = match finite {
+            true => w * scale,
+            false => w / total * n_f,
+        };
         *a = k as u32;
     }
     // Vose's pairing with two forward scans instead of stacks, so memory is
@@ -229,6 +237,16 @@ impl AliasTable {
             alias: ScalarBuffer::new(buffer, (HEADER + n * 8) / 4, n),
             check: Some(Arc::new(check)),
         })
+    }
+
+    /// Check stored table `path` of `n` rows whole: its header, chunk table
+    /// and every chunk of its body, whatever this host checked before.
+    pub fn verify(path: &Path, n: usize) -> Result<()> {
+        let table = Self::map(path, n)?;
+        match table.check.as_deref() {
+            Some(check) => check.check_all(crate::store::chunks::check_threads()),
+            None => Ok(()),
+        }
     }
 
     pub fn len(&self) -> usize {

@@ -15,12 +15,12 @@
 //! to the epoch's length. The partition of a position is found from the
 //! running sum of the masses, the block of 256 rows from the partition's
 //! block sums (built on first use: 8 bytes per 256 rows, 128 KiB for a
-//! partition of 2^22 rows), the row by summing the block's weights in place.
-//! Nothing per row is held. The block sums are samples of the one running
-//! sum, taken in order, so the block size changes no draw: only how long
-//! the chain of additions a lookup waits for is (4,096 rows took 5× the
-//! time of the flat table's binary search at 10^6 rows; 256 rows about as
-//! long).
+//! partition of 2^22 rows), the row by summing the block's weights in place,
+//! in an order seeded per block and pass (in row order, rows of a pattern
+//! that repeats with the rows, such as interleaved labels, all rounded the
+//! same way: a label could get no draw in an epoch). Nothing per row is
+//! held. A lookup sums at most one block (4,096 rows took 5× the time of
+//! the flat table's binary search at 10^6 rows; 256 rows about as long).
 //!
 //! With one partition both are exactly the flat samplers' draws.
 
@@ -30,12 +30,16 @@ use std::sync::OnceLock;
 use arrow::buffer::ScalarBuffer;
 
 use super::alias::AliasTable;
+use super::modes::Permutation;
 use super::rng::mix64;
 use crate::{Error, Result};
 
 /// Salt of the bits a draw's row in its partition takes (the partition's
 /// are the draw's own bits).
 const SALT_ROW: u64 = 0x726f_775f_696e_5f70;
+
+/// Salt of the key of a block's order in a balanced lookup.
+const SALT_BLOCK: u64 = 0x626c_6f63_6b5f_6f72;
 
 /// Rows per block of a partition's balanced lookup.
 const BLOCK: usize = 256;
@@ -48,6 +52,11 @@ pub trait PartitionSource: Send + Sync + std::fmt::Debug {
     /// (or is not stored at all).
     fn stored(&self, _p: usize) -> Result<Option<AliasTable>> {
         Ok(None)
+    }
+    /// Build partition `p`'s table anew from its weights (its stored one
+    /// was found damaged by a draw) and store it in place of that one.
+    fn rebuild(&self, p: usize) -> Result<AliasTable> {
+        self.table(p)
     }
     /// Partition `p`'s weights, every chunk checked, their sum in row order
     /// the partition's recorded mass.
@@ -86,6 +95,8 @@ pub struct PartitionedWeights {
     /// The masses of partitions `0..=p`, summed in order, for each `p`.
     through: Vec<f64>,
     tables: Vec<OnceLock<AliasTable>>,
+    /// Tables built again because a draw found the stored one damaged.
+    rebuilt: Vec<OnceLock<AliasTable>>,
     blocks: Vec<OnceLock<Blocks>>,
     source: Box<dyn PartitionSource>,
 }
@@ -128,6 +139,7 @@ impl PartitionedWeights {
             starts,
             through,
             tables: rows.iter().map(|_| OnceLock::new()).collect(),
+            rebuilt: rows.iter().map(|_| OnceLock::new()).collect(),
             blocks: rows.iter().map(|_| OnceLock::new()).collect(),
             source,
         })
@@ -177,7 +189,33 @@ impl PartitionedWeights {
     #[inline]
     pub fn draw(&self, bits: u64) -> Result<u64> {
         let (p, inner) = self.split(bits)?;
-        Ok(self.starts[p] + self.table(p)?.draw(inner)? as u64)
+        if let Some(table) = self.rebuilt[p].get() {
+            return Ok(self.starts[p] + table.draw(inner)? as u64);
+        }
+        match self.table(p)?.draw(inner) {
+            Ok(row) => Ok(self.starts[p] + row as u64),
+            Err(damaged @ Error::Corrupt { .. }) => {
+                let table = self.rebuild(p, &damaged)?;
+                Ok(self.starts[p] + table.draw(inner)? as u64)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Partition `p`'s table built again from its weights, once, after a
+    /// draw found the stored one `damaged`. An alias table is derived data:
+    /// the weights (checked) are the truth, so a damaged table is no reason
+    /// to fail every weighted loader of the snapshot.
+    #[cold]
+    fn rebuild(&self, p: usize, damaged: &Error) -> Result<&AliasTable> {
+        if let Some(table) = self.rebuilt[p].get() {
+            return Ok(table);
+        }
+        let table = self.source.rebuild(p)?;
+        eprintln!(
+            "datasetrt: warning: {damaged}; the alias table was built again from the weights"
+        );
+        Ok(self.rebuilt[p].get_or_init(|| table))
     }
 
     /// Ask the kernel to start reading what a draw of `bits` reads in its
@@ -265,32 +303,52 @@ impl PartitionedWeights {
     }
 
     /// The row of position `position` of a balanced epoch of `len` draws
-    /// with offset `u` in [0, 1): the first row `r` with `C[r] + u >=
-    /// position + 1`, `C[r]` the weights through `r` summed in order and
-    /// scaled by `len / total` (the last row's taken as exactly `len`).
-    pub fn balanced_row(&self, len: u64, position: f64, u: f64) -> Result<u64> {
-        let scale = len as f64 / self.total();
-        let before = |c: f64| c + u < position + 1.0;
+    /// with offset `u` in [0, 1) and key `key` (the pass's): the row
+    /// whose span of the running sum `C`, scaled to `len` (the last row's
+    /// taken as exactly `len`), holds `position + 1 - u`. `C` runs over the
+    /// blocks in order and over each block's rows in a seeded order
+    /// ([`block_order`]): summed in row order, rows of a pattern that
+    /// repeats with the rows (labels interleaved) all fell on the same side
+    /// of the rounding, and a label got no draw in most epochs.
+    pub fn balanced_row(&self, len: u64, position: f64, u: f64, key: u64) -> Result<u64> {
+        let total = self.total();
+        let len_f = len as f64;
+        // C / total * len, not C * (len / total): scale-invariant, so that
+        // weights near the smallest (or subnormal) doubles do not overflow
+        let scaled = |c: f64| c / total * len_f;
+        let before = |c: f64| scaled(c) + u < position + 1.0;
         let last = self.through.len() - 1;
-        // the partition: its last row's C is its running mass, scaled
-        let p = self.through[..last].partition_point(|&t| before(t * scale));
+        // the partition: its last row's C is its running mass
+        let p = self.through[..last].partition_point(|&t| before(t));
         let base = if p == 0 { 0.0 } else { self.through[p - 1] };
         let Blocks { weights, sums } = self.blocks(p)?;
-        // the block, then the row, summing the weights as `sums` did
+        // the block, then the row, walking the block in its order
         let blocks = sums.len() - 1;
         let b = sums[1..]
-            .partition_point(|&s| before((base + s) * scale))
+            .partition_point(|&s| before(base + s))
             .min(blocks - 1);
         let (start, end) = (b * BLOCK, ((b + 1) * BLOCK).min(weights.len()));
+        let order = block_order(key, p, b, end - start);
         let mut acc = sums[b];
-        for (r, w) in weights[start..end].iter().enumerate() {
-            acc += w;
-            if !before((base + acc) * scale) {
-                return Ok(self.starts[p] + (start + r) as u64);
+        let mut row = start;
+        for i in 0..(end - start) as u64 {
+            row = start + order.apply(i) as usize;
+            acc += weights[row];
+            if !before(base + acc) {
+                break;
             }
         }
-        Ok(self.starts[p] + end as u64 - 1)
+        Ok(self.starts[p] + row as u64)
     }
+}
+
+/// The seeded order in which a balanced lookup walks the `rows` rows of
+/// block `b` of partition `p` in the pass of key `key`: a fresh one per
+/// block and pass, so which rows of a block get the rounding's extra draw
+/// does not follow any pattern of the rows.
+fn block_order(key: u64, p: usize, b: usize, rows: usize) -> Permutation {
+    let block = mix64((p as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ b as u64);
+    Permutation::new(rows as u64, mix64(key ^ SALT_BLOCK) ^ block)
 }
 
 #[cfg(test)]
@@ -431,22 +489,33 @@ mod tests {
         assert!(err.to_string().contains("is gone"), "{err}");
     }
 
-    /// The flat balanced lookup: the first row whose scaled running sum
-    /// (the last one exactly `len`) reaches the position.
-    fn flat_balanced(weights: &[f64], len: u64, position: f64, u: f64) -> u64 {
+    /// The flat balanced lookup over all rows: the block whose running sum
+    /// (summed in row order, scaled, the last exactly `len`) first reaches
+    /// the position, then the row of that block, walked in its order.
+    fn flat_balanced(weights: &[f64], len: u64, position: f64, u: f64, key: u64) -> u64 {
         let total: f64 = weights.iter().sum();
-        let scale = len as f64 / total;
+        let reaches = |c: f64| c / total * len as f64 + u >= position + 1.0;
+        let blocks: Vec<&[f64]> = weights.chunks(BLOCK).collect();
         let mut acc = 0.0;
-        let mut c: Vec<f64> = weights
-            .iter()
-            .map(|w| {
-                acc += w;
-                acc * scale
-            })
-            .collect();
-        *c.last_mut().unwrap() = len as f64;
-        c.partition_point(|&c| c + u < position + 1.0)
-            .min(c.len() - 1) as u64
+        for (b, block) in blocks.iter().enumerate() {
+            let before = acc;
+            acc = block.iter().fold(acc, |a, w| a + w);
+            if !reaches(acc) && b + 1 < blocks.len() {
+                continue;
+            }
+            let order = block_order(key, 0, b, block.len());
+            let mut sum = before;
+            let mut row = 0;
+            for i in 0..block.len() as u64 {
+                row = b * BLOCK + order.apply(i) as usize;
+                sum += weights[row];
+                if reaches(sum) {
+                    break;
+                }
+            }
+            return row as u64;
+        }
+        unreachable!("the last block is always reached")
     }
 
     #[test]
@@ -458,8 +527,8 @@ mod tests {
             for position in (0..len).step_by(7) {
                 let p = position as f64;
                 assert_eq!(
-                    t.balanced_row(len, p, u).unwrap(),
-                    flat_balanced(&weights, len, p, u),
+                    t.balanced_row(len, p, u, 17).unwrap(),
+                    flat_balanced(&weights, len, p, u, 17),
                     "len {len} position {position}"
                 );
             }
@@ -480,7 +549,7 @@ mod tests {
         for (len, u) in [(14_011u64, 0.5), (50_000, 0.01), (3_000, 0.99)] {
             let mut counts = vec![0u64; flat.len()];
             for position in 0..len {
-                counts[t.balanced_row(len, position as f64, u).unwrap() as usize] += 1;
+                counts[t.balanced_row(len, position as f64, u, 5).unwrap() as usize] += 1;
             }
             for (i, &c) in counts.iter().enumerate() {
                 let e = len as f64 * flat[i] / total;

@@ -644,6 +644,9 @@ def test_a_full_disk_is_a_storage_error_that_changes_nothing(small_disk):
     version, head, same, rows, reopened = result["after"]
     assert (version, head, same, rows, reopened) == (1, 1, True, 200, True)
     assert digest(root) == before, "a failed write on a full disk changed the dataset"
+    # each failed write removed its temporary files (a column written before
+    # its sidecar failed stayed as `.tmp-<pid>@...arrow`)
+    assert leftovers(root) == [], "a failed write left its temporary files"
 
     # with space again, the alias table and the update are written
     filler.unlink()

@@ -260,3 +260,67 @@ def test_records_of_killed_makers_are_swept_by_the_next_one(two_caches, tmp_path
     mine = two_caches[0].to_torch(batch_size=BS, seed=3)
     assert not os.path.exists(stale)
     assert os.path.exists(mine._shared.path)  # a live maker's record stays
+
+
+MAKER = """
+import os, pickle, sys
+import datasetrt as drt
+tds = drt.open(sys.argv[1]).to_torch(batch_size=16, seed=3)
+sys.stdout.buffer.write(pickle.dumps(tds))
+sys.stdout.flush()
+os.kill(os.getpid(), 9)  # no finalizer runs: the shared record stays
+"""
+
+
+def test_a_copy_whose_maker_was_killed_raises_instead_of_replaying_its_plan(two_caches):
+    """docs/training.md: a copy whose maker is gone raises InvalidInputError.
+    A maker killed with SIGKILL left its record, and a copy replayed it."""
+    root = two_caches[1]
+    done = subprocess.run(
+        [sys.executable, "-c", MAKER, str(root)], capture_output=True, timeout=120
+    )
+    assert done.returncode == -9, done.stderr.decode()[-2000:]
+    copy = pickle.loads(done.stdout)
+    assert os.path.exists(copy._shared.path), "the killed maker's record is still there"
+    with pytest.raises(drt.InvalidInputError, match="is gone"):
+        next(iter(DataLoader(copy, batch_size=None)))
+
+
+CLEANUP = """
+import sys
+import polars as pl
+import datasetrt as drt
+other = drt.open(sys.argv[1])
+other.update_metadata(other.get_metadata().filter(pl.col("label") < 5))
+print(other.cleanup(keep=1))
+"""
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_cleanup_in_another_process_keeps_what_a_running_job_reads(two_caches, persistent):
+    """`cleanup(keep=1)` in another process while a follow-the-head DataLoader
+    with spawned workers runs made every later epoch fail (`DataLoader worker
+    exited unexpectedly`): a worker pins the snapshot its main process
+    opened, which cleanup removed. Snapshots live processes read are leased
+    and kept."""
+    ds, root, _ = two_caches
+    ds.update_metadata(ds.get_metadata().filter(pl.col("label") < 8))
+    reading = ds.version
+    tds = ds.to_torch(batch_size=BS, seed=3, follow="head")
+    loader = DataLoader(
+        tds,
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context="spawn",
+        persistent_workers=persistent,
+    )
+    first = [ids(b) for b in loader]
+    assert first == fresh(ds, 0)
+    removed = json.loads(run_child(CLEANUP, root))
+    assert reading not in removed, "cleanup removed the snapshot a live job reads"
+    assert removed, "older snapshots nobody reads are removed"
+    head = drt.open(root)
+    tds.set_epoch(1)
+    second = [ids(b) for b in loader]
+    assert second == fresh(head, 1)
+    del loader

@@ -38,6 +38,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _started(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot, from /proc): with
+    the pid, it names one process, even after the pid is reused. ``None``
+    where /proc does not say (or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        # the fields after the command name (in parentheses; it may hold any
+        # byte), from field 3: the start time is field 22
+        return int(stat[stat.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _sweep(directory: str) -> None:
     """Remove the records of makers that are gone (killed, say: a finalizer
     never ran). A reused pid keeps its file, a few hundred bytes, until that
@@ -80,6 +94,7 @@ class SharedRecord:
 
     def __init__(self, value: dict[str, Any]):
         self.owner = os.getpid()
+        self.started = _started(self.owner)
         directory = _directory()
         _sweep(directory)
         self.path = os.path.join(directory, f"datasetrt-{self.owner}-{uuid.uuid4().hex}.json")
@@ -99,25 +114,37 @@ class SharedRecord:
         os.replace(tmp, self.path)
 
     def read(self) -> dict[str, Any]:
+        gone = InvalidInputError(
+            f"the state shared with the process that made this object ({self.path}, pid "
+            f"{self.owner}) is gone: the object was moved to another host or outlived its "
+            f"maker; it will not silently replay an old plan. Make it where it is used."
+        )
+        # a maker killed with SIGKILL leaves its record (no finalizer ran)
+        # until a later record sweeps it: a copy must not read it then, nor
+        # a record of a later process that got the same pid
+        if not self.owned and (
+            not _alive(self.owner)
+            or (self.started is not None and _started(self.owner) != self.started)
+        ):
+            raise gone
         try:
             with open(self.path) as f:
                 return json.load(f)
         except FileNotFoundError:
-            raise InvalidInputError(
-                f"the state shared with the process that made this object ({self.path}, pid "
-                f"{self.owner}) is gone: the object was moved to another host or outlived its "
-                f"maker; it will not silently replay an old plan. Make it where it is used."
-            ) from None
+            raise gone from None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _attach, (self.path, self.owner, self.read() if self.owned else None)
+        value = self.read() if self.owned else None
+        return _attach, (self.path, self.owner, value, self.started)
 
 
-def _attach(path: str, owner: int, value: dict[str, Any] | None) -> SharedRecord:
+def _attach(
+    path: str, owner: int, value: dict[str, Any] | None, started: int | None = None
+) -> SharedRecord:
     """A copy: in the owner's process (a ``copy.deepcopy``) a record of its
     own with the same value; elsewhere (a worker) the owner's record."""
     if os.getpid() == owner and value is not None:
         return SharedRecord(value)
     record = SharedRecord.__new__(SharedRecord)
-    record.path, record.owner = path, owner
+    record.path, record.owner, record.started = path, owner, started
     return record

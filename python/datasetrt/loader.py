@@ -119,8 +119,8 @@ class _Lists:
         )
 
 
-def _unpickle_batch(rows, cache_id, sample_id, data, frame, draws=None) -> Batch:
-    batch = Batch(_Lists(rows, cache_id, sample_id, data), frame)
+def _unpickle_batch(rows, cache_id, sample_id, data, frame, draws=None, epoch=None) -> Batch:
+    batch = Batch(_Lists(rows, cache_id, sample_id, data), frame, epoch)
     batch._draws = draws
     return batch
 
@@ -137,7 +137,7 @@ class Batch(HtmlRepr):
     - ``cache_id``, ``sample_id``, ``rows``: lists of ints (``rows`` index
       the loader's snapshot); ``metadata``: a polars DataFrame of the rows;
     - ``draws``: the global draw positions of the rows in the epoch's
-      sequence (what a score log keys its rows by);
+      sequence (what a score log keys its rows by); ``epoch``: that epoch;
     - ``to_arrow()`` / ``__arrow_c_array__``: the record batch itself, for
       ``pl.DataFrame(batch.to_arrow())`` or ``pyarrow.record_batch(batch)``;
       raw payloads stay views over the mapped shard there too.
@@ -147,6 +147,7 @@ class Batch(HtmlRepr):
         "_cache_id",
         "_data",
         "_draws",
+        "_epoch",
         "_frame",
         "_metadata",
         "_native",
@@ -154,9 +155,10 @@ class Batch(HtmlRepr):
         "_sample_id",
     )
 
-    def __init__(self, native: Any, frame: _Frame):
+    def __init__(self, native: Any, frame: _Frame, epoch: int | None = None):
         self._native: _native.Batch = native
         self._frame = frame
+        self._epoch = epoch
         self._metadata: pl.DataFrame | None = None
         self._rows: list[int] | None = None
         self._cache_id: list[int] | None = None
@@ -170,7 +172,15 @@ class Batch(HtmlRepr):
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # the lists travel; the mapping does not (``to_arrow`` then gives a
         # polars DataFrame of row, identity and data)
-        columns = (self.rows, self.cache_id, self.sample_id, self.data, self._frame, self.draws)
+        columns = (
+            self.rows,
+            self.cache_id,
+            self.sample_id,
+            self.data,
+            self._frame,
+            self.draws,
+            self._epoch,
+        )
         return _unpickle_batch, columns
 
     @property
@@ -200,6 +210,14 @@ class Batch(HtmlRepr):
                 raise AttributeError("this batch was pickled without its draw positions")
             self._draws = self._native.draws()
         return self._draws
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose draws these are (code in a DataLoader worker can log
+        it without asking the loader)."""
+        if self._epoch is None:
+            raise AttributeError("this batch was made without its epoch")
+        return self._epoch
 
     @property
     def data(self) -> list[bytes]:
@@ -249,6 +267,7 @@ class Loader(HtmlRepr):
         self.version = self.plan.version
         version = self.version
         self._frame = _Frame(lambda: dataset._metadata_of(version))
+        self._epoch: int = self.plan.epoch
 
     @property
     def plan(self) -> _native.DrawPlan:
@@ -268,7 +287,7 @@ class Loader(HtmlRepr):
         return self
 
     def __next__(self) -> Batch:
-        return Batch(next(self._native), self._frame)
+        return Batch(next(self._native), self._frame, self._epoch)
 
     def __repr__(self) -> str:
         p = self.plan

@@ -45,13 +45,15 @@ if TYPE_CHECKING:
 
 def default_output(batch: Batch) -> dict[str, Any]:
     """``{"data": list[bytes], "cache_id": LongTensor, "sample_id": LongTensor,
-    "draw": LongTensor}``: ``draw`` holds the rows' global draw positions, the
-    key of a score log (``ScoreLog.append_batch`` takes this dict)."""
+    "draw": LongTensor, "epoch": int}``: ``draw`` holds the rows' global draw
+    positions, the key of a score log (``ScoreLog.append_batch`` takes this
+    dict), ``epoch`` the epoch they were drawn in."""
     return {
         "data": batch.data,
         "cache_id": torch.tensor(batch.cache_id, dtype=torch.int64),
         "sample_id": torch.tensor(batch.sample_id, dtype=torch.int64),
         "draw": torch.tensor(batch.draws, dtype=torch.int64),
+        "epoch": batch.epoch,
     }
 
 

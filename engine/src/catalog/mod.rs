@@ -4,6 +4,7 @@
 
 mod assemble;
 pub mod commit;
+pub mod lease;
 mod mirror;
 mod ranges;
 pub mod scores;
@@ -575,10 +576,14 @@ impl Dataset {
     pub fn cleanup_with(&self, keep: usize, dry_run: bool) -> Result<Vec<u64>> {
         let active = self.snapshot().number(); // before the lock: update locks in that order
         let _guard = commit::lock(&self.snapshot_dir)?;
+        // snapshots a live process reads (a DataLoader's workers, another
+        // job) are kept; no lease is taken until this cleanup is done
+        let leased = lease::held(&self.snapshot_dir)?;
         let numbers = self.snapshot_numbers()?;
         let mut kept: std::collections::BTreeSet<u64> =
             numbers.iter().rev().take(keep).copied().collect();
         kept.extend(self.tags()?.values().copied());
+        kept.extend(leased.numbers.iter().copied());
         kept.insert(active);
         kept.insert(self.head()?);
         let removed: Vec<u64> = numbers

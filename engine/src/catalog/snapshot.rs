@@ -65,6 +65,9 @@ pub struct Snapshot {
     /// a loader's draws and its read-ahead walk the same epoch, and a sorted
     /// order (weighted without replacement, balanced) is built once for both.
     samplers: Mutex<Vec<(SamplerKey, EpochSampler)>>,
+    /// This process reads the snapshot: `cleanup` keeps it (`None` where no
+    /// lease can be written).
+    _lease: Option<super::lease::Lease>,
 }
 
 /// Rows `start .. start + rows` of a snapshot: one column file per column,
@@ -216,6 +219,10 @@ impl PartitionSource for WeightTables {
 
     fn stored(&self, p: usize) -> Result<Option<AliasTable>> {
         AliasTable::stored(&self.table_file(p), self.partitions[p].rows)
+    }
+
+    fn rebuild(&self, p: usize) -> Result<AliasTable> {
+        AliasTable::build_stored(&self.table_file(p), &self.weights(p)?.as_ref().into())
     }
 
     fn weights(&self, p: usize) -> Result<ScalarBuffer<f64>> {
@@ -532,11 +539,11 @@ pub(super) fn store_columns(
             _ => {
                 let schema = Arc::new(Schema::new(vec![column_field(field)]));
                 let one = RecordBatch::try_new(schema.clone(), vec![array.clone()])?;
-                let written = ipc::write_temp(&path, &schema, &[one])?;
+                let mut written = ipc::write_temp(&path, &schema, &[one])?;
                 let chunks = ChunkTable {
                     file_len: written.len,
                     file_crc: written.crc,
-                    crcs: written.chunks,
+                    crcs: std::mem::take(&mut written.chunks),
                 };
                 // the sidecar first: a column file on disk always has one
                 // unless a crash came between them (then it is made below
@@ -1367,6 +1374,38 @@ pub fn verify_files(
             problems.push(e);
         }
     }
+    problems.extend(verify_alias_tables(dir, &manifest));
+    problems
+}
+
+/// The problems of the stored alias tables of `manifest`'s weight columns
+/// (derived data: each damaged one is removed, to be built again from the
+/// weights when a draw next needs it, and reported).
+fn verify_alias_tables(dir: &Path, manifest: &Manifest) -> Vec<Error> {
+    let mut problems = Vec::new();
+    let mut seen = HashSet::new();
+    for part in &manifest.partitions {
+        let Some(weight) = part.columns.iter().find(|c| c.name == "weight") else {
+            continue;
+        };
+        let table = dir.join(COLUMNS_DIR).join(format!("{}.alias", weight.hash));
+        if !seen.insert(weight.hash.as_str()) || !table.exists() {
+            continue;
+        }
+        if let Err(e) = AliasTable::verify(&table, part.rows) {
+            let removed = std::fs::remove_file(&table).is_ok();
+            problems.push(Error::corrupt(
+                &table,
+                format!(
+                    "alias table (derived from the weights) is damaged: {e}; {}",
+                    match removed {
+                        true => "removed, it is built again when a weighted draw needs it",
+                        false => "remove it: it is built again when a weighted draw needs it",
+                    }
+                ),
+            ));
+        }
+    }
     problems
 }
 
@@ -1605,6 +1644,8 @@ impl Snapshot {
     /// loader reads (identities, weights) are decoded here, the others on
     /// first use.
     pub fn open(dir: &Path, number: u64) -> Result<Snapshot> {
+        // before reading: a cleanup either sees the lease or has finished
+        let lease = super::lease::Lease::take(dir, number);
         let path = dir.join(Self::file_name(number));
         let manifest = read_manifest(dir, number)?;
         let bad = |detail: String| Error::corrupt(&path, detail);
@@ -1653,6 +1694,7 @@ impl Snapshot {
             rows_by_sample: OnceLock::new(),
             partitioned: OnceLock::new(),
             samplers: Mutex::default(),
+            _lease: lease,
         })
     }
 

@@ -324,6 +324,15 @@ pub fn data_extents(file: &File) -> std::io::Result<Vec<std::ops::Range<u64>>> {
 /// threads of one process exclude each other too; the kernel releases it if
 /// the process dies.
 pub fn lock_exclusive(path: &Path) -> Result<File> {
+    lock(path, libc::LOCK_EX)
+}
+
+/// [`lock_exclusive`], shared: any number of holders, none exclusive.
+pub fn lock_shared(path: &Path) -> Result<File> {
+    lock(path, libc::LOCK_SH)
+}
+
+fn lock(path: &Path, operation: libc::c_int) -> Result<File> {
     use std::os::fd::AsRawFd;
     let file = fs::OpenOptions::new()
         .create(true)
@@ -333,7 +342,7 @@ pub fn lock_exclusive(path: &Path) -> Result<File> {
         .map_err(Error::io(path))?;
     loop {
         // SAFETY: flock on an open descriptor; no memory is passed.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+        if unsafe { libc::flock(file.as_raw_fd(), operation) } == 0 {
             return Ok(file);
         }
         let e = std::io::Error::last_os_error();
@@ -343,10 +352,30 @@ pub fn lock_exclusive(path: &Path) -> Result<File> {
     }
 }
 
+/// When process `pid` of this machine started (clock ticks since boot, from
+/// `/proc`): with the pid it names one process, even after the pid is
+/// reused. `None` when the process is gone or the system does not say.
+pub fn started(pid: u32) -> Option<u64> {
+    let stat = fs::read(format!("/proc/{pid}/stat")).ok()?;
+    // the fields after the command name (in parentheses; it may hold any
+    // byte), from field 3: the start time is field 22
+    let after = stat.iter().rposition(|&b| b == b')')? + 2;
+    let fields = std::str::from_utf8(stat.get(after..)?).ok()?;
+    fields.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn a_process_is_named_by_its_pid_and_start_time() {
+        let me = started(std::process::id()).expect("this process has a start time");
+        assert_eq!(started(std::process::id()), Some(me));
+        assert!(started(1).is_some_and(|init| init <= me));
+        assert_eq!(started(u32::MAX), None);
+    }
 
     #[test]
     fn data_extents_are_what_a_sparse_file_holds_and_holes_punched_leave_it() {

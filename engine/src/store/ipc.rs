@@ -22,13 +22,23 @@ use super::fs::{map_buffer, temp_sibling};
 use crate::{Error, Result};
 
 /// A complete, fsynced temporary file, its CRC-32C and length, and the
-/// CRC-32C of each of its chunks (`chunks::CHUNK`).
+/// CRC-32C of each of its chunks (`chunks::CHUNK`). Dropping it removes the
+/// temporary file if it is still there: a caller that fails between the
+/// write and the publish (a full disk writing a sidecar) leaves nothing
+/// behind, in a process that may live on and open the dataset again.
 #[derive(Debug)]
 pub struct Written {
     pub path: PathBuf,
     pub crc: u32,
     pub len: u64,
     pub chunks: Vec<u32>,
+}
+
+impl Drop for Written {
+    fn drop(&mut self) {
+        // published: renamed or linked and removed, nothing is there
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// Write `batches` as an uncompressed Arrow IPC file at a temporary sibling

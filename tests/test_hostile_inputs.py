@@ -4,11 +4,13 @@ stored exactly as documented, and a refusal changes nothing."""
 
 from __future__ import annotations
 
+import os
+
 import polars as pl
 import pytest
 
 import datasetrt as drt
-from conftest import run_child
+from conftest import Source, run_child
 from datasetrt import InvalidInputError
 
 
@@ -202,3 +204,163 @@ def test_control_characters_from_other_arrow_producers_are_refused(ds):
             call()
         assert info.value.column == "new\nline"
     unchanged(ds, version, meta)
+
+
+# A lone surrogate ("\udcff": what Python makes of a byte that is not UTF-8,
+# in argv or a file name) is a str no UTF-8 string can hold. Every argument
+# the engine takes as text refuses it as InvalidInputError naming the
+# argument and the position of the character (it was a UnicodeEncodeError
+# from PyO3). Each case: (call, argument named in the message, position).
+SURROGATE = "\udcff"
+SURROGATE_CALLS = {
+    "build: source name": (
+        lambda ds, tmp, src: drt.build(tmp, [src(f"new{SURROGATE}", 3)], progress=False),
+        "a source name",
+        3,
+    ),
+    "build: metadata key": (
+        lambda ds, tmp, src: drt.build(
+            tmp, [src("key-v1", 3, meta=lambda i: {f"la{SURROGATE}bel": i})], progress=False
+        ),
+        "metadata key 'la\\\\udcffbel'",
+        2,
+    ),
+    "build: metadata value": (
+        lambda ds, tmp, src: drt.build(
+            tmp,
+            [src("value-v1", 3, meta=lambda i: {"s": "ok" if i < 2 else f"b{SURROGATE}"})],
+            progress=False,
+        ),
+        "record 2: metadata key 's'",
+        1,
+    ),
+    "build: codec": (
+        lambda ds, tmp, src: drt.build(
+            tmp, [src("codec-v1", 3)], codec=f"zs{SURROGATE}td", progress=False
+        ),
+        "codec",
+        2,
+    ),
+    "build: root URL": (
+        lambda ds, tmp, src: drt.build(f"s3://bu{SURROGATE}/x", [src("url-v1", 3)]),
+        "the root URL",
+        7,
+    ),
+    "open: storage_options": (
+        lambda ds, tmp, src: drt.open(ds.caches[0]["path"], storage_options={"r": f"e{SURROGATE}"}),
+        "storage_options\\['r'\\]",
+        1,
+    ),
+    "open: workers": (
+        lambda ds, tmp, src: drt.open(ds.caches[0]["path"], workers=[f"http://w{SURROGATE}:1"]),
+        "a worker URL",
+        8,
+    ),
+    "Worker: host": (lambda ds, tmp, src: drt.Worker(f"local{SURROGATE}"), "host", 5),
+    "tag": (lambda ds, tmp, src: ds.tag(f"best{SURROGATE}"), "a tag", 4),
+    "register: table name": (
+        lambda ds, tmp, src: ds.register(f"t{SURROGATE}", ds.get_metadata()),
+        "the table name",
+        1,
+    ),
+    "sql": (lambda ds, tmp, src: ds.sql(f"SELECT 1 -- {SURROGATE}"), "the query", 12),
+    "select": (
+        lambda ds, tmp, src: ds.select(f"SELECT * FROM metadata -- {SURROGATE}"),
+        "the query",
+        26,
+    ),
+    "apply_sql: parameter": (
+        lambda ds, tmp, src: ds.apply_sql(
+            "split_by_hash", seed=1, val_fraction=0.5, split=f"val{SURROGATE}"
+        ),
+        "SQL parameter 'split'",
+        3,
+    ),
+    "score_log: name": (lambda ds, tmp, src: ds.score_log(f"loss{SURROGATE}"), "score log name", 4),
+    "score_log: run": (
+        lambda ds, tmp, src: ds.score_log("loss", run=f"r{SURROGATE}"),
+        "the run name",
+        1,
+    ),
+    "ScoreLog.frame: run": (
+        lambda ds, tmp, src: ds.score_log("loss").frame(run=f"r{SURROGATE}"),
+        "the run name",
+        1,
+    ),
+    "ScoreLog.register: table": (
+        lambda ds, tmp, src: ds.score_log("loss").register(f"s{SURROGATE}"),
+        "the table name",
+        1,
+    ),
+    "draws: sampling": (
+        lambda ds, tmp, src: ds.draws(1, count=2, sampling=f"perm{SURROGATE}"),
+        "sampling",
+        4,
+    ),
+}
+
+
+@pytest.mark.parametrize("entry", SURROGATE_CALLS, ids=list(SURROGATE_CALLS))
+def test_a_lone_surrogate_is_invalid_input_naming_argument_and_position(ds, tmp_path, entry):
+    call, argument, position = SURROGATE_CALLS[entry]
+    version, meta, tags = ds.version, ds.get_metadata(), ds.tags()
+    with pytest.raises(InvalidInputError, match=argument) as info:
+        call(ds, tmp_path / "new", Source)
+    assert f"position {position} is '\\udcff'" in str(info.value)
+    str(info.value).encode("utf-8")  # the message itself prints anywhere
+    unchanged(ds, version, meta)
+    assert ds.tags() == tags
+    assert not (tmp_path / "new").exists() or not any((tmp_path / "new").iterdir())
+
+
+def test_a_bad_metadata_value_names_its_record_and_key(tmp_path):
+    src = Source("value-v1", 3, meta=lambda i: {"s": "ok" if i < 2 else f"b{SURROGATE}"})
+    with pytest.raises(InvalidInputError) as info:
+        drt.build(tmp_path, [src], progress=False)
+    assert (info.value.row, info.value.column) == (2, "s")
+
+
+def test_text_arguments_of_other_types_are_invalid_input_not_type_error(ds):
+    meta = ds.get_metadata()
+    for call in (
+        lambda: ds.sql(5),
+        lambda: ds.select(None),
+        lambda: ds.register(5, meta),
+        lambda: ds.tag(b"best"),
+    ):
+        with pytest.raises(InvalidInputError, match="must be a str"):
+            call()
+
+
+def test_a_recipe_file_that_is_not_utf8_is_invalid_input(ds, tmp_path):
+    recipe = tmp_path / "latin1.sql"
+    recipe.write_bytes("SELECT * FROM metadata -- café\n".encode("latin-1"))
+    with pytest.raises(InvalidInputError, match=r"not UTF-8 text: byte 29 is b.\\xe9"):
+        ds.apply_sql(recipe)
+
+
+def test_paths_that_are_not_utf8_are_paths(tmp_path):
+    """Paths go to the engine as the file system's bytes (os.fsencode): a
+    directory or file whose name is not UTF-8 works everywhere a path is
+    taken, and verify shows it with the byte escaped."""
+    base = tmp_path / os.fsdecode(b"caf\xe9")  # Latin-1: not UTF-8
+    ds = drt.build(base, [Source("bytes-v1", 20)], progress=False)
+    assert drt.open(base).get_metadata().equals(ds.get_metadata())
+    cid = ds.caches[0]["cache_id"]
+    log = ds.score_log("loss", run="r1")
+    log.append([cid] * 3, [0, 1, 2], [1.0, 2.0, 3.0], epoch=0, position=0)
+    assert log.frame()["value"].to_list() == [1.0, 2.0, 3.0]
+    table = base / os.fsdecode(b"t\xff.parquet")
+    with open(table, "wb") as f:
+        ds.get_metadata().head(5).write_parquet(f)
+    ds.register("five", table)
+    assert ds.sql("SELECT count(*) AS n FROM five")["n"][0] == 5
+    recipe = base / os.fsdecode(b"r\xff.sql")
+    recipe.write_text("SELECT * FROM metadata WHERE sample_id < :n")
+    ds.apply_sql(recipe, n=4)
+    assert len(ds) == 4 and ds.history()["note"][-1].startswith("apply_sql ")
+    assert "r\\xff.sql" in ds.history()["note"][-1]
+    segment = next(log.path.rglob("*.arrow"))
+    segment.write_bytes(segment.read_bytes()[:100])
+    report = ds.verify()
+    assert report["path"].to_list() == [str(segment).replace("\udce9", "\\xe9")]

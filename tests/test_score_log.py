@@ -441,3 +441,78 @@ def test_a_forked_child_does_not_write_the_parents_rows(ds):
     out = run_child(FORK, root).split("\n")
     assert out[0] == "5"  # 3 rows from the parent, 2 from the child: none twice
     assert out[1] == "[1.0, 1.0, 1.0, 2.0, 2.0]"
+
+
+def test_bytes_like_columns_are_refused_not_read_as_raw_bytes(ds):
+    """array.array reads a bytearray as machine words: eight small integers
+    were one value 2.0, a cache_id of eight bytes one id. Refused, as bytes are."""
+    cid = ds.caches[0]["cache_id"]
+    log = ds.score_log("loss", run="r1")
+    eight = bytearray([0, 0, 0, 0, 0, 0, 0, 64])  # 2.0 as a little-endian double
+    for args, kwargs, column in [
+        (([cid] * 8, list(range(8)), eight), {"position": 0}, "values"),
+        ((bytearray(8), [0], [1.0]), {"position": 0}, "cache_id"),
+        (([cid], bytearray(8), [1.0]), {"position": 0}, "sample_id"),
+        (([cid], [0], [1.0]), {"position": bytearray(8)}, "position"),
+    ]:
+        with pytest.raises(drt.InvalidInputError, match=f"^{column} must be a list.*bytearray$"):
+            log.append(*args, epoch=0, **kwargs)
+    assert log.frame().height == 0  # nothing was buffered
+
+
+def test_a_damaged_segment_is_a_corrupt_cache_error_naming_it_and_verify_reports_it(ds):
+    cid = ds.caches[0]["cache_id"]
+    log = ds.score_log("loss", run="r1")
+    for epoch in range(2):
+        log.append([cid] * 3, [0, 1, 2], [1.0, 2.0, 3.0], epoch=epoch, position=0)
+        log.flush()
+    assert log.frame().height == 6 and ds.verify().is_empty()
+    first, second = segments(log)
+    whole = second.read_bytes()
+    # cut short (any length), emptied, or a file of other columns
+    damages = [whole[: len(whole) // 2], whole[:-1], b"", b"ARROW1\x00\x00ARROW1"]
+    other = pl.DataFrame({"epoch": [0]})
+    other.write_ipc(second)
+    damages.append(second.read_bytes())
+    for damaged in damages:
+        second.write_bytes(damaged)
+        with pytest.raises(drt.CorruptCacheError, match=second.name) as info:
+            log.frame()
+        assert info.value.path == str(second)
+        with pytest.raises(drt.CorruptCacheError, match=second.name):
+            log.register("scores")
+        report = ds.verify()
+        assert report.rows() == [("CorruptCacheError", str(second), str(info.value))]
+    second.write_bytes(whole)
+    assert log.frame().height == 6 and ds.verify().is_empty()
+    assert first.exists()
+
+
+def test_a_score_recipe_over_a_log_with_no_rows_for_the_population_says_so(ds, tmp_path):
+    version = ds.version
+    log = ds.score_log("loss", run="r1")
+    log.register("scores")  # nothing logged yet
+    for recipe, params in [("loss_ema_weights", {"alpha": 0.5}), ("focal_weights", {"gamma": 1})]:
+        with pytest.raises(drt.InvalidInputError, match="no rows for the population") as info:
+            ds.apply_sql(recipe, **params)
+        assert "is empty" in str(info.value) and recipe in str(info.value)
+        assert "null" not in str(info.value)
+    # a log of samples the population does not hold
+    log.append([12345] * 3, [0, 1, 2], [1.0, 2.0, 3.0], epoch=0, position=0)
+    log.register("scores")
+    recipe = tmp_path / "by_score.sql"
+    recipe.write_text(
+        "SELECT m.* EXCLUDE (weight), s.value AS weight\n"
+        "FROM metadata m JOIN scores s USING (cache_id, sample_id)"
+    )
+    with pytest.raises(drt.InvalidInputError, match="none of its 3 rows names a sample"):
+        ds.apply_sql(recipe)
+    assert ds.version == version
+    # a recipe that fails for another reason keeps its own error
+    cid = ds.caches[0]["cache_id"]
+    log.append([cid], [0], [-1.0], epoch=0, position=0)
+    log.register("scores")
+    with pytest.raises(drt.InvalidInputError, match="weight") as info:
+        ds.apply_sql("loss_ema_weights", alpha=1.0)
+    assert "no rows for the population" not in str(info.value)
+    assert ds.version == version

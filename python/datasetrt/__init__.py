@@ -27,7 +27,7 @@ from typing import Any
 from . import _native, exceptions
 from ._build import CacheInput, build_sources, check_names
 from ._native import __version__
-from ._state import check_int
+from ._state import check_int, check_text
 from .dataset import Dataset, PathLike, _storage_options
 from .exceptions import (
     ArrowError,
@@ -129,7 +129,8 @@ def build(
         raise InvalidInputError("build() needs at least one source")
     names = check_names(sources)
     processes = check_int(processes, "processes", 1, 1024)
-    url = os.fspath(root) if _is_url(root) else None
+    check_text(codec, "codec")
+    url = check_text(os.fspath(root), "the root URL") if _is_url(root) else None
     options = _storage_options(storage_options)
     if url is None:
         local, published = Path(root), set()

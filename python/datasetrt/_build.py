@@ -14,6 +14,7 @@ import polars as pl
 from . import _native
 from ._arrow import arrow_stream
 from ._progress import Progress
+from ._state import check_text
 from .exceptions import InternalError, InvalidInputError
 
 RESERVED = tuple(_native.RESERVED_COLUMNS)
@@ -95,7 +96,17 @@ def _column(source: str, key: str, values: list[Any]) -> pl.Series:
                 )
                 error.row, error.column, error.value = i, key, str(v)
                 raise error
-    return pl.Series(key, values, dtype=_DTYPES[kind], strict=True)
+    try:
+        return pl.Series(key, values, dtype=_DTYPES[kind], strict=True)
+    except UnicodeEncodeError:  # a str value polars cannot store: say which
+        for i, v in enumerate(values):
+            if isinstance(v, str):
+                try:
+                    check_text(v, f"source {source!r}: record {i}: metadata key {key!r}")
+                except InvalidInputError as error:
+                    error.row, error.column, error.value = i, key, repr(v)
+                    raise
+        raise
 
 
 def source_name(source: object) -> str:
@@ -105,7 +116,7 @@ def source_name(source: object) -> str:
             f"a source needs a string attribute `name` (got {type(source).__name__} "
             f"with name={name!r}); the name decides cache reuse"
         )
-    return name
+    return check_text(name, "a source name")
 
 
 def write_source(
@@ -175,6 +186,7 @@ def write_source(
                         raise InvalidInputError(
                             f"source {name!r}: metadata key {k!r} is not a string"
                         )
+                    check_text(k, f"source {name!r}: metadata key {k!r}")
                     if k in RESERVED:
                         raise InvalidInputError(
                             f"source {name!r}: metadata key {k!r} is reserved (cache_id, "

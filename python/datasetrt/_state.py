@@ -3,9 +3,14 @@
 Integer arguments of the calls that do not go through a loader request are
 checked here before they reach the native layer, so a bad value raises
 :class:`InvalidInputError` (never a ``TypeError`` or an ``OverflowError``
-from PyO3). A loader's options are checked once, by the engine, when they
-become a ``_native.LoaderSpec``; loader states are written and checked by
-the engine too (``DrawPlan.state_after``, ``LoaderSpec(resume=...)``).
+from PyO3). So is every string the engine takes as text (names, SQL, recipe
+parameters, URLs: :func:`check_text`); a Python ``str`` may hold a lone
+surrogate that no UTF-8 string can (PyO3 would raise ``UnicodeEncodeError``).
+Paths are not text: they go to the engine as the file system's bytes
+(``os.fsencode``), so a path that is not UTF-8 is a path like any other. A
+loader's options are checked once, by the engine, when they become a
+``_native.LoaderSpec``; loader states are written and checked by the engine
+too (``DrawPlan.state_after``, ``LoaderSpec(resume=...)``).
 
 >>> check_int(3, "count")
 3
@@ -13,6 +18,10 @@ the engine too (``DrawPlan.state_after``, ``LoaderSpec(resume=...)``).
 Traceback (most recent call last):
 ...
 datasetrt.exceptions.InvalidInputError: count must be an int, got True
+>>> check_text("ab\\udcff", "tag")  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+datasetrt.exceptions.InvalidInputError: tag is not valid text: ... position 2 is '\\udcff', ...
 """
 
 from __future__ import annotations
@@ -37,6 +46,38 @@ def check_int(value: object, name: str, low: int = 0, high: int = U64 - 1) -> in
     if not low <= value <= high:
         raise InvalidInputError(f"{name} must be in [{low}, {high}], got {value}")
     return value
+
+
+def check_text(value: object, name: str) -> str:
+    """``value`` if it is a ``str`` that UTF-8 can encode (the engine's
+    strings are UTF-8), else :class:`InvalidInputError` naming ``name`` and
+    the position of the first character that it cannot encode (never a
+    ``TypeError`` or ``UnicodeEncodeError`` from the native layer)."""
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{name} must be a str, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(
+            f"{name} is not valid text: the character at position {exc.start} is "
+            f"{value[exc.start]!r}, a lone surrogate (as Python decodes a byte that is not "
+            f"UTF-8), which UTF-8 cannot encode"
+        ) from None
+    return value
+
+
+def printable(text: str) -> str:
+    """``text`` as a string UTF-8 can encode, for messages and tables: the
+    bytes of a path that are not UTF-8 (lone surrogates from ``os.fsdecode``)
+    as ``\\xff``, any other lone surrogate as ``\\udcff``; valid text as is.
+
+    >>> printable("caches/r\\udcff"), printable("ok")
+    ('caches/r\\\\xff', 'ok')
+    """
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def check_seed(seed: object) -> int:

@@ -19,8 +19,10 @@ from ._state import (
     check_epoch,
     check_int,
     check_seed,
+    check_text,
     check_version,
     distributed_defaults,
+    printable,
 )
 from .exceptions import CacheNotFoundError, InvalidInputError
 from .loader import Loader, Sample, _Frame
@@ -40,9 +42,10 @@ def _storage_options(options: Mapping[str, str] | None) -> list[tuple[str, str]]
     for key, value in options.items():
         if not isinstance(key, str):
             raise InvalidInputError(f"storage_options key {key!r} is not a string")
+        check_text(key, "a storage_options key")
         if isinstance(value, bool):
             value = "true" if value else "false"
-        out.append((key, str(value)))
+        out.append((key, check_text(str(value), f"storage_options[{key!r}]")))
     return out
 
 
@@ -220,21 +223,25 @@ class Dataset:
 
         ``data`` is a polars DataFrame or LazyFrame, any object with
         ``__arrow_c_stream__`` (pyarrow, DuckDB...), or a path to a Parquet or
-        CSV file (read with polars). For example, join model losses for
-        hard-example mining::
+        CSV file (read with polars; a path that is not UTF-8 too). For
+        example, join model losses for hard-example mining::
 
             ds.register("losses", losses_df)
             ds.select("SELECT m.* EXCLUDE (weight), l.loss AS weight "
                       "FROM metadata m JOIN losses l USING (cache_id, sample_id)")
         """
+        check_text(name, "the table name")
         if isinstance(data, (str, os.PathLike)):
             path = Path(data)
+            shown = printable(str(path))
             if not path.exists():
-                raise CacheNotFoundError(f"table file not found: {path}")
+                raise CacheNotFoundError(f"table file not found: {shown}")
             readers = {".parquet": pl.read_parquet, ".csv": pl.read_csv}
             if path.suffix.lower() not in readers:
-                raise InvalidInputError(f"{path}: register() reads .parquet and .csv files")
-            data = readers[path.suffix.lower()](path)
+                raise InvalidInputError(f"{shown}: register() reads .parquet and .csv files")
+            # polars takes only UTF-8 paths: another is read here, as the bytes it names
+            source = path if shown == str(path) else path.read_bytes()
+            data = readers[path.suffix.lower()](source)
         stream, nulls = arrow_stream(data, "register()")
         self._native.register(name, stream, nulls=nulls)
 
@@ -310,6 +317,7 @@ class Dataset:
         the scans of ``metadata`` and the stages above them run on those
         workers; payloads are still read here.
         """
+        check_text(query, "the query")
         engine: _native.Dataset = self._sql_engine()
         return pl.DataFrame(engine.sql(query))
 
@@ -326,11 +334,15 @@ class Dataset:
         which it must be able to write) and this process commits them: the
         result's rows never pass through here.
         """
-        return self._commit_sql(query, None, force)
+        return self._commit_sql(check_text(query, "the query"), None, force)
 
     def apply_sql(self, recipe: str | os.PathLike[str], **params: Any) -> int:
         """Run a SQL recipe (a name from ``sql/`` or a ``.sql`` path) with
         ``:name`` parameters and make its result the population.
+
+        A recipe that weights by table ``scores`` (a registered score log)
+        and fails because that table has no row for the population (it is
+        empty, or names no sample of it) says so.
 
         >>> ds.apply_sql("dev_subset", seed=7, fraction=0.1)  # doctest: +SKIP
         """
@@ -338,7 +350,13 @@ class Dataset:
 
         label, text = recipes.load(recipe)
         query = recipes.render(text, params)
-        return self._commit_sql(query, f"apply_sql {label} {params}", False)
+        try:
+            return self._commit_sql(query, f"apply_sql {printable(label)} {params}", False)
+        except InvalidInputError as exc:
+            unscored = recipes.unscored(self, label, text)
+            if unscored is None:
+                raise
+            raise unscored from exc
 
     def checkout(self, version: int | str) -> int:
         """Make an earlier snapshot (a number or a tag) the population again.
@@ -361,8 +379,7 @@ class Dataset:
 
     def tag(self, name: str, version: int | None = None) -> None:
         """Name a snapshot (default: the active one); tagged snapshots survive cleanup."""
-        if not isinstance(name, str):
-            raise InvalidInputError(f"a tag is a str, not {type(name).__name__}")
+        check_text(name, "a tag")
         self._native.tag(name, None if version is None else check_version(version))
 
     def tags(self) -> dict[str, int]:
@@ -423,16 +440,28 @@ class Dataset:
         """Check every stored file and record; return every problem found.
 
         Reads every record of every cache (checksums verified), the head,
-        the tags, and every snapshot with every column file it names. One row
-        per problem: ``kind`` (the exception class it would raise), ``path``
-        and ``message``; an empty frame means everything is intact. Unlike a
-        read, it does not stop at the first problem.
+        the tags, every snapshot with every column file it names, and every
+        segment of the score logs (each must be a whole Arrow IPC file of a
+        segment's columns; segments carry no checksum, so a changed value is
+        not found). One row per problem: ``kind`` (the exception class it
+        would raise), ``path`` and ``message``; an empty frame means
+        everything is intact. Unlike a read, it does not stop at the first
+        problem. A path that is not UTF-8 is shown with those bytes escaped
+        (``\\xff``).
         """
+        from .scores import verify_logs
+
         with Progress("verifying", enabled=progress) as bar:
             problems = self._native.verify(bar.set if bar.enabled else None)
+        problems = [*problems, *verify_logs(self)]
         schema = {"kind": pl.String, "path": pl.String, "message": pl.String}
         rows = [
-            {**p, "path": None if p["path"] is None else os.fspath(p["path"])} for p in problems
+            {
+                "kind": p["kind"],
+                "path": None if p["path"] is None else printable(os.fspath(p["path"])),
+                "message": printable(p["message"]),
+            }
+            for p in problems
         ]
         return pl.DataFrame(rows, schema=schema)
 
@@ -599,6 +628,7 @@ class Dataset:
         """
         if epoch_len is not None:
             epoch_len = check_int(epoch_len, "epoch_len", 1)
+        check_text(sampling, "sampling")
         if count is None:  # one epoch
             spec = _native.LoaderSpec(seed=0, sampling=sampling, epoch_len=epoch_len)
             count = self._native.plan(spec).epoch_len

@@ -36,7 +36,7 @@ from ray.data.block import BlockMetadata
 
 from . import _native
 from ._build import CHUNK_BYTES, CHUNK_RECORDS, RESERVED
-from ._state import check_int
+from ._state import check_int, check_text
 from .exceptions import InvalidInputError
 
 if TYPE_CHECKING:
@@ -323,9 +323,12 @@ def write_parts(
     """
     if not isinstance(name, str):
         raise InvalidInputError(f"name must be a str, got {name!r}")
-    _native.check_source_name(f"{name}-00000-of-00000")
+    _native.check_source_name(f"{check_text(name, 'name')}-00000-of-00000")
+    check_text(data_column, "data_column")
+    check_text(codec, "codec")
     metadata_columns = list(metadata_columns)
     for column in metadata_columns:
+        check_text(column, "a metadata column")
         if column in RESERVED or column == data_column:
             raise InvalidInputError(
                 f"metadata column {column!r} is reserved (cache_id, sample_id and weight are "

@@ -46,6 +46,11 @@ Guarantees:
   that flushes to the same run.
 - **Checked input.** A rejected :meth:`ScoreLog.append` raises
   :class:`InvalidInputError` and buffers nothing.
+- **Checked segments.** A segment that is not a whole Arrow IPC file of
+  the segment columns (cut short, say) makes :meth:`ScoreLog.frame` raise
+  :class:`CorruptCacheError` naming it, and :meth:`Dataset.verify` reads
+  every segment of every log. Segments carry no checksum: a changed value
+  inside a whole segment is not detected.
 """
 
 from __future__ import annotations
@@ -61,8 +66,14 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from . import _native
-from ._state import U64, check_epoch, check_int, distributed_defaults
-from .exceptions import InvalidInputError, StorageError
+from ._state import U64, check_epoch, check_int, check_text, distributed_defaults, printable
+from .exceptions import (
+    CacheNotFoundError,
+    CorruptCacheError,
+    DatasetRTError,
+    InvalidInputError,
+    StorageError,
+)
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -84,6 +95,10 @@ SCHEMA = {
     "rank": pl.UInt32,
 }
 KEY = ["run", "epoch", "position"]
+#: The columns of a segment file (the engine's ``SEGMENT_SCHEMA``).
+SEGMENT_SCHEMA = pl.Schema({k: v for k, v in SCHEMA.items() if k != "run"})
+#: What an Arrow IPC file starts (then two padding bytes) and ends with.
+_MAGIC = b"ARROW1"
 
 _I64 = 1 << 63
 _TEMP_PREFIX = ".tmp-"
@@ -92,6 +107,8 @@ _TEMP_PREFIX = ".tmp-"
 def check_name(name: object, what: str) -> str:
     """``name`` if it can name a log or a run (the engine's rule of source
     names: they become directory names too)."""
+    if isinstance(name, str):
+        check_text(name, f"the {what} name")
     try:
         if not isinstance(name, str):
             raise InvalidInputError("not a str")
@@ -315,7 +332,7 @@ def _newest(directory: Path, run: str) -> pl.DataFrame | None:
     segments = _segments(directory)  # oldest first: the last row of a key is the newest
     if not segments:
         return None
-    rows = pl.scan_ipc(segments).collect()
+    rows = _read_segments(segments)
     # one UInt64 key hashes about 3x faster than the pair, when both fit in it
     bits = int(rows["position"].max()).bit_length()
     if bits < 64 and int(rows["epoch"].max()).bit_length() + bits <= 64:
@@ -324,6 +341,76 @@ def _newest(directory: Path, run: str) -> pl.DataFrame | None:
         key = pl.struct("epoch", "position")
     rows = rows.filter(key.is_last_distinct())
     return rows.with_columns(run=pl.lit(run, pl.String)).select(list(SCHEMA))
+
+
+def _read_segments(segments: list[Path]) -> pl.DataFrame:
+    """The rows of ``segments``, in order: scanned by polars at once, or, if
+    that fails (or a path is not UTF-8, which polars cannot take), read one
+    by one, so that a damaged segment is named (:func:`read_segment`)."""
+    if all(printable(str(p)) == str(p) for p in segments):
+        try:
+            rows = pl.scan_ipc(segments).collect()
+            if rows.schema == SEGMENT_SCHEMA:
+                return rows
+        except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError):
+            pass  # find the segment at fault (or the file it cannot read) below
+    return pl.concat([read_segment(p) for p in segments])
+
+
+def read_segment(path: Path) -> pl.DataFrame:
+    """The rows of one segment file, checked: a whole Arrow IPC file (its
+    leading and trailing magic, a footer polars can read) of the segment
+    columns; else :class:`CorruptCacheError` naming it."""
+
+    def corrupt(detail: str) -> CorruptCacheError:
+        error = CorruptCacheError(f"score log segment {printable(str(path))}: {detail}")
+        error.path = str(path)
+        return error
+
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        error = CacheNotFoundError(f"score log segment {printable(str(path))} is gone")
+        error.path = str(path)
+        raise error from None
+    except OSError as exc:
+        error = StorageError(f"cannot read score log segment {printable(str(path))}: {exc}")
+        error.path = str(path)
+        raise error from exc
+    if len(data) < 2 * len(_MAGIC) or not (data.startswith(_MAGIC) and data.endswith(_MAGIC)):
+        raise corrupt(f"not a whole Arrow IPC file ({len(data)} bytes): cut short or overwritten")
+    try:
+        rows = pl.read_ipc(data)
+    # bytes in memory: an OSError is polars' word for an offset past them
+    except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError) as exc:
+        raise corrupt(f"unreadable Arrow IPC file ({len(data)} bytes): {exc}") from None
+    if rows.schema != SEGMENT_SCHEMA:
+        found, wanted = dict(rows.schema), dict(SEGMENT_SCHEMA)
+        raise corrupt(f"its columns are {found}, not a segment's {wanted}")
+    return rows
+
+
+def verify_logs(dataset: Dataset) -> list[dict[str, str]]:
+    """A problem (``kind``, ``path``, ``message``, as :meth:`Dataset.verify`
+    reports them) for each segment of each run of each score log of
+    ``dataset`` that :func:`read_segment` refuses. None for a remote
+    dataset (it keeps no logs)."""
+    if any("://" in p for p in dataset._paths):
+        return []
+    root = log_root(dataset)
+    if not root.is_dir():
+        return []
+    problems = []
+    for log in sorted(p for p in root.iterdir() if p.is_dir()):
+        for run in sorted(p for p in log.iterdir() if p.is_dir()):
+            for segment in _segments(run):
+                try:
+                    read_segment(segment)
+                except DatasetRTError as exc:
+                    problems.append(
+                        {"kind": type(exc).__name__, "path": str(segment), "message": str(exc)}
+                    )
+    return problems
 
 
 def _reopen(dataset: Dataset, name: str, run: str, flush_rows: int) -> ScoreLog:
@@ -362,7 +449,7 @@ def _ints(values: Any, column: str, *, unsigned: bool = False) -> array.array:
             bad = int(values.min() if unsigned else values.max())
             raise _invalid(f"{column} value {bad} is out of range", column, bad)
         return array.array(code, values.astype("<u8" if unsigned else "<i8").tobytes())
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+    if isinstance(values, (str, bytes, bytearray)) or not hasattr(values, "__len__"):
         raise InvalidInputError(
             f"{column} must be a list, array or tensor of integers, not {type(values).__name__}"
         )
@@ -426,7 +513,7 @@ def _floats(values: Any, column: str) -> array.array:
     if _numpy_dtype(values, column, "fiub", "numbers") is not None:
         out = array.array("d", values.astype("<f8").tobytes())
     else:
-        if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        if isinstance(values, (str, bytes, bytearray)) or not hasattr(values, "__len__"):
             raise InvalidInputError(
                 f"{column} must be a list, array or tensor of numbers, not {type(values).__name__}"
             )

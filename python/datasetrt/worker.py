@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ._state import check_int
+from ._state import check_int, check_text
 from .exceptions import InvalidInputError
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def worker_urls(workers: Sequence[str]) -> list[str]:
     """``workers`` as a list of URL strings (checked by the engine when used)."""
     if isinstance(workers, (str, bytes)):
         raise InvalidInputError("workers is a list of worker URLs, not one string")
-    return [str(w) for w in workers]
+    return [check_text(str(w), "a worker URL") for w in workers]
 
 
 class Worker:
@@ -67,8 +67,9 @@ class Worker:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0):
         port = check_int(port, "port", 0, 65535)
+        host = check_text(str(host), "host")
         # the companion's class (stubbed in _native.pyi)
-        self._native: _native.Worker = distributed_module().Worker(str(host), port)
+        self._native: _native.Worker = distributed_module().Worker(host, port)
 
     @property
     def url(self) -> str:

@@ -105,7 +105,7 @@ def test_a_deep_query_answers_or_raises_query_error_never_a_signal(small, shape,
 
 def test_nesting_past_the_parser_limit_is_a_query_error(small):
     ds = drt.open(small)
-    with pytest.raises(drt.QueryError, match="(?i)recursion"):
+    with pytest.raises(drt.QueryError, match=r"(?i)recursion"):
         ds.sql("SELECT " + "(" * 5000 + "1" + ")" * 5000)
 
 

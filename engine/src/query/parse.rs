@@ -194,7 +194,7 @@ mod tests {
             panic!("a query")
         };
         let mut depth = 0;
-        let _ = q.visit(&mut DepthOf(&mut depth));
+        let _ = datafusion::sql::sqlparser::ast::Visit::visit(&**q, &mut DepthOf(&mut depth));
         assert_eq!(depth, 10, "1,000 terms, balanced: 10 levels");
     }
 

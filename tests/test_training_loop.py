@@ -324,3 +324,22 @@ def test_cleanup_in_another_process_keeps_what_a_running_job_reads(two_caches, p
     second = [ids(b) for b in loader]
     assert second == fresh(head, 1)
     del loader
+
+
+def test_a_worker_whose_plan_snapshot_is_gone_raises_cache_not_found_in_the_main_process(
+    two_caches,
+):
+    """A snapshot removed behind the job's back (by hand: leases keep it from
+    cleanup) made a spawned worker die unpickling (`DataLoader worker exited
+    unexpectedly`). The worker needs only its plan's snapshot, and its
+    absence is a CacheNotFoundError the DataLoader hands to the main process."""
+    ds, root, _ = two_caches
+    ds.update_metadata(ds.get_metadata().filter(pl.col("label") < 8))
+    tds = ds.to_torch(batch_size=BS, seed=3)  # pinned to this snapshot
+    manifest = ds.snapshot_path
+    ds.update_metadata(ds.get_metadata().filter(pl.col("label") < 4))  # a new head
+    manifest.unlink()
+    loader = DataLoader(tds, batch_size=None, num_workers=1, multiprocessing_context="spawn")
+    with pytest.raises(drt.CacheNotFoundError):
+        next(iter(loader))
+    del loader

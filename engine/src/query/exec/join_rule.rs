@@ -38,6 +38,7 @@ use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_expr::{
     conjunction_opt, split_conjunction, PhysicalExpr, PhysicalExprRef,
 };
+use datafusion::physical_optimizer::ensure_requirements::EnsureRequirements;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::coop::CooperativeExec;
@@ -47,7 +48,7 @@ use datafusion::physical_plan::limit::LocalLimitExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use super::take::{PayloadColumn, PayloadTakeExec, Unmatched};
 
@@ -269,22 +270,20 @@ fn rewrite(join: &HashJoinExec) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
     Ok(Some(deliver_as(join, out)?))
 }
 
-/// `out`, which computes the rows of `join`, made to deliver what the join
-/// declared and the plan above was optimized for. The join's output can be
-/// hash-partitioned on its keys (a grouping above then needs no shuffle) or
-/// ordered as its probe side is (a payload scan is ordered by identity: an
-/// ORDER BY above then merges instead of sorting); the take over the other
-/// side has neither unless that side had them. Without this an `ORDER BY`
-/// over a join with `payloads` returned rows out of order.
+/// `out`, which computes the rows of `join`, with the join's `fetch` (a
+/// LIMIT DataFusion pushed into it, per partition). The join's output may be
+/// ordered as its probe side is (a payload scan is ordered by identity) and
+/// hash-partitioned on its keys; the take over the other side has neither
+/// unless that side had them. What the plan above requires of them is
+/// restored by [`PayloadJoinRule::optimize`]; only a fetch over an ordering
+/// is settled here, since the rows a limit keeps depend on it.
 fn deliver_as(
     join: &HashJoinExec,
     out: Arc<dyn ExecutionPlan>,
 ) -> DfResult<Arc<dyn ExecutionPlan>> {
-    let mut out = out;
-    let wanted = join.properties().output_partitioning();
-    if matches!(wanted, Partitioning::Hash(..)) && out.output_partitioning() != wanted {
-        out = Arc::new(RepartitionExec::try_new(out, wanted.clone())?);
-    }
+    let Some(n) = join.fetch() else {
+        return Ok(out);
+    };
     if let Some(ordering) = join.properties().output_ordering() {
         if !out
             .equivalence_properties()
@@ -292,24 +291,30 @@ fn deliver_as(
         {
             let sort = SortExec::new(ordering.clone(), out)
                 .with_preserve_partitioning(true)
-                .with_fetch(join.fetch());
+                .with_fetch(Some(n));
             return Ok(Arc::new(sort));
         }
     }
-    // A LIMIT DataFusion pushed into the join (its `fetch`, per partition)
-    // stays: with one partition nothing above the join limits the rows.
-    Ok(match join.fetch() {
-        Some(n) => Arc::new(LocalLimitExec::new(out, n)),
-        None => out,
-    })
+    // with one partition nothing above the join limits the rows
+    Ok(Arc::new(LocalLimitExec::new(out, n)))
 }
+
 impl PhysicalOptimizerRule for PayloadJoinRule {
     fn optimize(
         &self,
         plan: Arc<dyn ExecutionPlan>,
-        _config: &ConfigOptions,
+        config: &ConfigOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        plan.transform_up(|node| {
+        // The plan was optimized for the joins as they were: an ORDER BY
+        // whose sort DataFusion dropped because a join delivered the order,
+        // a grouping that needed no shuffle after a partitioned join. The
+        // nodes that require an ordering or a distribution say so: DataFusion's
+        // enforcement, run again, adds what the takes no longer deliver. The
+        // one requirement no node holds any more is the query's own order at
+        // a single-partition root: kept by sorting there.
+        let single = plan.output_partitioning().partition_count() == 1;
+        let root_order = plan.output_ordering().filter(|_| single).cloned();
+        let rewritten = plan.transform_up(|node| {
             let any = node.as_ref() as &dyn std::any::Any;
             match any.downcast_ref::<HashJoinExec>() {
                 Some(join) => match rewrite(join)? {
@@ -318,8 +323,20 @@ impl PhysicalOptimizerRule for PayloadJoinRule {
                 },
                 None => Ok(Transformed::no(node)),
             }
-        })
-        .map(|t| t.data)
+        })?;
+        if !rewritten.transformed {
+            return Ok(rewritten.data);
+        }
+        let mut plan = EnsureRequirements::new().optimize(rewritten.data, config)?;
+        if let Some(ordering) = root_order {
+            if !plan
+                .equivalence_properties()
+                .ordering_satisfy(ordering.clone())?
+            {
+                plan = Arc::new(SortExec::new(ordering, plan));
+            }
+        }
+        Ok(plan)
     }
 
     fn name(&self) -> &str {

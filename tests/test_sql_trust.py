@@ -208,3 +208,19 @@ def test_every_plan_of_the_custom_nodes_passes_the_sanity_check(two_caches_cut):
         plan = ds.sql("EXPLAIN " + q)
         assert plan.filter(pl.col("plan_type") == "physical_plan").height == 1, q
         ds.sql(q)
+
+
+def test_on_one_partition_a_join_sorts_only_when_the_query_orders(tmp_path, monkeypatch):
+    """With one partition the join's output kept its payload side's order, and
+    an ORDER BY on it needed no sort; the take over the metadata side must
+    sort then, but a query that orders nothing must not sort every payload."""
+    from conftest import Source
+
+    monkeypatch.setenv("DATASETRT_THREADS", "1")
+    ds = drt.build(tmp_path, [Source("a-v1", 50), Source("b-v1", 30)], progress=False)
+    unordered = JOIN_ORDERED.replace(" ORDER BY m.cache_id, m.sample_id", "")
+    plan = ds.sql("EXPLAIN " + unordered)
+    physical = plan.filter(pl.col("plan_type") == "physical_plan")["plan"][0]
+    assert "PayloadTakeExec" in physical and "Sort" not in physical, physical
+    got = ds.sql(JOIN_ORDERED).select("cache_id", "sample_id")
+    assert got.height == 80 and got.equals(got.sort("cache_id", "sample_id"))

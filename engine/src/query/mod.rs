@@ -138,7 +138,7 @@ impl QuerySession {
         // before DataFusion's passes, one of which moves a top-k sort below
         // a window function (`exec::LimitAboveWindows`)
         let mut physical: Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> =
-            vec![Arc::new(exec::LimitAboveWindows)];
+            vec![Arc::new(exec::NoteSorts), Arc::new(exec::LimitAboveWindows)];
         physical.extend(PhysicalOptimizer::new().rules);
         let mut analyzers: Vec<Arc<dyn AnalyzerRule + Send + Sync>> =
             vec![Arc::new(exec::BalanceChains)];

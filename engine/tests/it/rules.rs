@@ -131,8 +131,9 @@ async fn an_inner_join_reads_only_the_payloads_of_the_rows_that_pass_the_filter(
         "
 ProjectionExec: expr=[cache_id@0 as cache_id, sample_id@1 as sample_id, data@4 as data]
   PayloadTakeExec: caches=2, columns=[cache_id, sample_id, data], unmatched=Drop, concurrency=2, verify_checksums=true
-    FilterExec: label@2 = 1, projection=[cache_id@0, sample_id@1]
-      MetadataScanExec: snapshot=0, columns=[cache_id, sample_id, label], partitions=1 of 1, slices=2
+    CoalescePartitionsExec
+      FilterExec: label@2 = 1, projection=[cache_id@0, sample_id@1]
+        MetadataScanExec: snapshot=0, columns=[cache_id, sample_id, label], partitions=1 of 1, slices=2
 ",
     )
     .await;
@@ -265,8 +266,9 @@ ProjectionExec: expr=[sample_id@1 as sample_id, data@5 as data]
   FilterExec: codec@4 = zstd AND octet_length(CAST(data@5 AS Utf8View)) > 40
     PayloadTakeExec: caches=2, columns=[cache_id, sample_id, codec, data], unmatched=Drop, concurrency=2, verify_checksums=true
       FilterExec: sample_id@1 % 2 = 1
-        FilterExec: sample_id@1 % 2 = 1
-          MetadataScanExec: snapshot=0, columns=[cache_id, sample_id], partitions=1 of 1, slices=2
+        CoalescePartitionsExec
+          FilterExec: sample_id@1 % 2 = 1
+            MetadataScanExec: snapshot=0, columns=[cache_id, sample_id], partitions=1 of 1, slices=2
 ",
     )
     .await;
@@ -283,7 +285,8 @@ async fn selecting_index_columns_or_counting_reads_no_payload_bytes() {
         "
 ProjectionExec: expr=[sample_id@1 as sample_id, raw_len@4 as raw_len, codec@5 as codec]
   PayloadTakeExec: caches=2, columns=[cache_id, sample_id, raw_len, codec], unmatched=Drop, concurrency=2, verify_checksums=true
-    MetadataScanExec: snapshot=0, columns=[cache_id, sample_id], partitions=1 of 1, slices=2
+    CoalescePartitionsExec
+      MetadataScanExec: snapshot=0, columns=[cache_id, sample_id], partitions=1 of 1, slices=2
 ",
     )
     .await;
@@ -297,7 +300,8 @@ ProjectionExec: expr=[count(Int64(1))@0 as count(*)]
       AggregateExec: mode=Partial, gby=[], aggr=[count(Int64(1))]
         ProjectionExec: expr=[]
           PayloadTakeExec: caches=2, columns=[cache_id, sample_id], unmatched=Drop, concurrency=2, verify_checksums=true
-            MetadataScanExec: snapshot=0, columns=[cache_id, sample_id], partitions=1 of 1, slices=2
+            CoalescePartitionsExec
+              MetadataScanExec: snapshot=0, columns=[cache_id, sample_id], partitions=1 of 1, slices=2
 ",
     )
     .await;
@@ -364,7 +368,8 @@ CoalescePartitionsExec: fetch=3
   LocalLimitExec: fetch=3
     ProjectionExec: expr=[sample_id@1 as sample_id, data@4 as data]
       PayloadTakeExec: caches=2, columns=[cache_id, sample_id, data], unmatched=Drop, concurrency=2, verify_checksums=true
-        MetadataScanExec: snapshot=0, columns=[cache_id, sample_id], partitions=1 of 1, slices=2
+        CoalescePartitionsExec
+          MetadataScanExec: snapshot=0, columns=[cache_id, sample_id], partitions=1 of 1, slices=2
 ",
     )
     .await;

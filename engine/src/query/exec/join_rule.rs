@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::JoinType;
 use datafusion::error::Result as DfResult;
 use datafusion::physical_expr::expressions::Column;
@@ -38,7 +38,6 @@ use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_expr::{
     conjunction_opt, split_conjunction, PhysicalExpr, PhysicalExprRef,
 };
-use datafusion::physical_optimizer::ensure_requirements::EnsureRequirements;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::coop::CooperativeExec;
@@ -48,7 +47,7 @@ use datafusion::physical_plan::limit::LocalLimitExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
 
 use super::take::{PayloadColumn, PayloadTakeExec, Unmatched};
 
@@ -270,50 +269,102 @@ fn rewrite(join: &HashJoinExec) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
     Ok(Some(deliver_as(join, out)?))
 }
 
-/// `out`, which computes the rows of `join`, with the join's `fetch` (a
-/// LIMIT DataFusion pushed into it, per partition). The join's output may be
-/// ordered as its probe side is (a payload scan is ordered by identity) and
-/// hash-partitioned on its keys; the take over the other side has neither
-/// unless that side had them. What the plan above requires of them is
-/// restored by [`PayloadJoinRule::optimize`]; only a fetch over an ordering
-/// is settled here, since the rows a limit keeps depend on it.
+/// `out`, which computes the rows of `join`, made to deliver what the join
+/// declared and the plan above was optimized for. The join's output can be
+/// hash-partitioned on its keys (a grouping above then needs no shuffle) or
+/// ordered as its probe side is (a payload scan is ordered by identity: an
+/// ORDER BY above then merges, or is dropped, instead of sorting); the take
+/// over the other side has neither unless that side had them. Without this
+/// an `ORDER BY` over a join with `payloads` returned rows out of order. The
+/// order is restored only when the query sorts at all ([`NoteSorts`]): a
+/// payload join that orders nothing is not sorted.
 fn deliver_as(
     join: &HashJoinExec,
     out: Arc<dyn ExecutionPlan>,
 ) -> DfResult<Arc<dyn ExecutionPlan>> {
-    let Some(n) = join.fetch() else {
-        return Ok(out);
+    let mut out = out;
+    let wanted = join.properties().output_partitioning();
+    // keys the join's projection dropped are not columns any more: nothing
+    // above can require a distribution on them
+    let keys_kept = match wanted {
+        Partitioning::Hash(keys, _) => keys.iter().all(|k| {
+            (k.as_ref() as &dyn std::any::Any)
+                .downcast_ref::<Column>()
+                .is_some_and(|c| c.index() < out.schema().fields().len())
+        }),
+        _ => false,
     };
-    if let Some(ordering) = join.properties().output_ordering() {
+    if keys_kept && out.output_partitioning() != wanted {
+        out = Arc::new(RepartitionExec::try_new(out, wanted.clone())?);
+    }
+    let asked = SORTS_ASKED.with(|asked| asked.get());
+    if let Some(ordering) = join.properties().output_ordering().filter(|_| asked) {
         if !out
             .equivalence_properties()
             .ordering_satisfy(ordering.clone())?
         {
             let sort = SortExec::new(ordering.clone(), out)
                 .with_preserve_partitioning(true)
-                .with_fetch(Some(n));
+                .with_fetch(join.fetch());
             return Ok(Arc::new(sort));
         }
     }
-    // with one partition nothing above the join limits the rows
-    Ok(Arc::new(LocalLimitExec::new(out, n)))
+    // A LIMIT DataFusion pushed into the join (its `fetch`, per partition)
+    // stays: with one partition nothing above the join limits the rows.
+    Ok(match join.fetch() {
+        Some(n) => Arc::new(LocalLimitExec::new(out, n)),
+        None => out,
+    })
+}
+
+std::thread_local! {
+    /// Whether the query being optimized on this thread asked for any order
+    /// (its first physical plan had a sort): set by [`NoteSorts`], read by
+    /// [`PayloadJoinRule`] (and reset to the safe `true`). The rules of one
+    /// plan run one after another on one thread.
+    static SORTS_ASKED: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+/// First among the physical rules: notes whether the plan, as planned from
+/// the query, sorts anywhere. Without a sort the query asked for no order,
+/// and [`PayloadJoinRule`] need not keep one at the root (a payload join
+/// on one partition would otherwise sort every payload it reads).
+#[derive(Debug, Default)]
+pub struct NoteSorts;
+
+impl PhysicalOptimizerRule for NoteSorts {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let mut sorts = false;
+        plan.apply(|node| {
+            sorts = (node.as_ref() as &dyn std::any::Any).is::<SortExec>();
+            Ok(match sorts {
+                true => TreeNodeRecursion::Stop,
+                false => TreeNodeRecursion::Continue,
+            })
+        })?;
+        SORTS_ASKED.with(|asked| asked.set(sorts));
+        Ok(plan)
+    }
+
+    fn name(&self) -> &str {
+        "note_sorts"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
 }
 
 impl PhysicalOptimizerRule for PayloadJoinRule {
     fn optimize(
         &self,
         plan: Arc<dyn ExecutionPlan>,
-        config: &ConfigOptions,
+        _config: &ConfigOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        // The plan was optimized for the joins as they were: an ORDER BY
-        // whose sort DataFusion dropped because a join delivered the order,
-        // a grouping that needed no shuffle after a partitioned join. The
-        // nodes that require an ordering or a distribution say so: DataFusion's
-        // enforcement, run again, adds what the takes no longer deliver. The
-        // one requirement no node holds any more is the query's own order at
-        // a single-partition root: kept by sorting there.
-        let single = plan.output_partitioning().partition_count() == 1;
-        let root_order = plan.output_ordering().filter(|_| single).cloned();
         let rewritten = plan.transform_up(|node| {
             let any = node.as_ref() as &dyn std::any::Any;
             match any.downcast_ref::<HashJoinExec>() {
@@ -323,20 +374,10 @@ impl PhysicalOptimizerRule for PayloadJoinRule {
                 },
                 None => Ok(Transformed::no(node)),
             }
-        })?;
-        if !rewritten.transformed {
-            return Ok(rewritten.data);
-        }
-        let mut plan = EnsureRequirements::new().optimize(rewritten.data, config)?;
-        if let Some(ordering) = root_order {
-            if !plan
-                .equivalence_properties()
-                .ordering_satisfy(ordering.clone())?
-            {
-                plan = Arc::new(SortExec::new(ordering, plan));
-            }
-        }
-        Ok(plan)
+        });
+        // the next plan on this thread starts from the safe default
+        SORTS_ASKED.with(|asked| asked.set(true));
+        rewritten.map(|t| t.data)
     }
 
     fn name(&self) -> &str {

@@ -27,7 +27,7 @@ mod write;
 
 pub use coop::YieldingJoins;
 pub use deep::BalanceChains;
-pub use join_rule::PayloadJoinRule;
+pub use join_rule::{NoteSorts, PayloadJoinRule};
 pub use metadata_scan::{MetadataScanExec, Slice};
 pub use sample::{draws_schema, SampleExec};
 pub use scan::PayloadScanExec;

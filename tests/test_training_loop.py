@@ -333,7 +333,7 @@ def test_a_worker_whose_plan_snapshot_is_gone_raises_cache_not_found_in_the_main
     cleanup) made a spawned worker die unpickling (`DataLoader worker exited
     unexpectedly`). The worker needs only its plan's snapshot, and its
     absence is a CacheNotFoundError the DataLoader hands to the main process."""
-    ds, root, _ = two_caches
+    ds = two_caches[0]
     ds.update_metadata(ds.get_metadata().filter(pl.col("label") < 8))
     tds = ds.to_torch(batch_size=BS, seed=3)  # pinned to this snapshot
     manifest = ds.snapshot_path

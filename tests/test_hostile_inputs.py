@@ -364,3 +364,10 @@ def test_paths_that_are_not_utf8_are_paths(tmp_path):
     segment.write_bytes(segment.read_bytes()[:100])
     report = ds.verify()
     assert report["path"].to_list() == [str(segment).replace("\udce9", "\\xe9")]
+
+
+def test_a_sampling_name_with_a_lone_surrogate_says_so(ds):
+    """The loader's options are checked by the engine: a sampling name Python
+    holds but UTF-8 cannot was reported as "must be a str"."""
+    with pytest.raises(InvalidInputError, match="sampling 'r\\\\udcff' is not valid text"):
+        ds.loader(4, seed=1, sampling="r\udcff")

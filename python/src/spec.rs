@@ -87,6 +87,13 @@ impl PyLoaderSpec {
                 "sampling" => {
                     let name: String = match v.extract() {
                         Ok(name) => name,
+                        // a str UTF-8 cannot hold (a lone surrogate)
+                        Err(_) if v.is_instance_of::<pyo3::types::PyString>() => {
+                            return Err(invalid(format!(
+                                "sampling {} is not valid text: it holds a lone surrogate",
+                                v.repr()?
+                            )))
+                        }
                         Err(_) => {
                             return Err(invalid(format!(
                                 "sampling must be a str, got {}",

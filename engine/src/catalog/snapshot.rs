@@ -211,9 +211,7 @@ impl PartitionSource for WeightTables {
     fn table(&self, p: usize) -> Result<AliasTable> {
         match self.stored(p)? {
             Some(table) => Ok(table),
-            None => {
-                AliasTable::build_stored(&self.table_file(p), &self.weights(p)?.as_ref().into())
-            }
+            None => self.rebuild(p),
         }
     }
 

@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::JoinType;
 use datafusion::error::Result as DfResult;
 use datafusion::physical_expr::expressions::Column;
@@ -327,8 +327,8 @@ std::thread_local! {
 
 /// First among the physical rules: notes whether the plan, as planned from
 /// the query, sorts anywhere. Without a sort the query asked for no order,
-/// and [`PayloadJoinRule`] need not keep one at the root (a payload join
-/// on one partition would otherwise sort every payload it reads).
+/// and [`PayloadJoinRule`] need not restore the order a join delivered (a
+/// payload join would otherwise sort every payload it reads).
 #[derive(Debug, Default)]
 pub struct NoteSorts;
 
@@ -338,14 +338,7 @@ impl PhysicalOptimizerRule for NoteSorts {
         plan: Arc<dyn ExecutionPlan>,
         _config: &ConfigOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let mut sorts = false;
-        plan.apply(|node| {
-            sorts = (node.as_ref() as &dyn std::any::Any).is::<SortExec>();
-            Ok(match sorts {
-                true => TreeNodeRecursion::Stop,
-                false => TreeNodeRecursion::Continue,
-            })
-        })?;
+        let sorts = super::any_node(&plan, |any| any.is::<SortExec>());
         SORTS_ASKED.with(|asked| asked.set(sorts));
         Ok(plan)
     }

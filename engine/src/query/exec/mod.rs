@@ -34,3 +34,21 @@ pub use scan::PayloadScanExec;
 pub use take::{PayloadColumn, PayloadTakeExec, Unmatched};
 pub use window_limit::LimitAboveWindows;
 pub use write::{describe, PopulationWriteExec, WriteTo, WritingPlanner};
+
+/// Whether any node of `plan` (itself included) is a `T`, or one of the
+/// `T`s `is` accepts (walked until the first found).
+pub(crate) fn any_node(
+    plan: &std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    is: impl Fn(&dyn std::any::Any) -> bool,
+) -> bool {
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+    let mut found = false;
+    let _ = plan.apply(|node| {
+        found = is(node.as_ref() as &dyn std::any::Any);
+        Ok(match found {
+            true => TreeNodeRecursion::Stop,
+            false => TreeNodeRecursion::Continue,
+        })
+    });
+    found
+}

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::Result as DfResult;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::limit::GlobalLimitExec;
@@ -27,16 +27,9 @@ pub struct LimitAboveWindows;
 
 /// Whether `plan` computes a window function anywhere below it.
 fn has_window(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    let mut found = false;
-    let _ = plan.apply(|node| {
-        let any = node.as_ref() as &dyn std::any::Any;
-        found = any.is::<WindowAggExec>() || any.is::<BoundedWindowAggExec>();
-        Ok(match found {
-            true => TreeNodeRecursion::Stop,
-            false => TreeNodeRecursion::Continue,
-        })
-    });
-    found
+    super::any_node(plan, |any| {
+        any.is::<WindowAggExec>() || any.is::<BoundedWindowAggExec>()
+    })
 }
 
 impl PhysicalOptimizerRule for LimitAboveWindows {

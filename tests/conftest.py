@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 
 import datasetrt as drt
@@ -203,6 +204,32 @@ class _S3sFs:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=10)
+
+
+#: The three groups of the `mixed` population, by sample_id.
+MIXED_GROUPS = {"web": range(0, 60), "code": range(60, 90), "books": range(90, 100)}
+
+
+def source_of(sample_id: int) -> str:
+    """The group of sample `sample_id` in the `mixed` population."""
+    return next(g for g, ids in MIXED_GROUPS.items() if sample_id in ids)
+
+
+@pytest.fixture
+def mixed(tmp_path: Path) -> drt.Dataset:
+    """100 rows in three groups by `source`: web 60, code 30, books 10;
+    weight 0 for every seventh row, 1-3 for the others."""
+    ds = drt.build(tmp_path, [Source("mix-v1", 100, payload=lambda i: b"%d" % i)], progress=False)
+    ds.update_metadata(
+        ds.get_metadata().with_columns(
+            pl.col("sample_id").map_elements(source_of, return_dtype=pl.String).alias("source"),
+            pl.when(pl.col("sample_id") % 7 == 0)
+            .then(0.0)
+            .otherwise(1.0 + pl.col("sample_id") % 3)
+            .alias("weight"),
+        )
+    )
+    return ds
 
 
 @pytest.fixture(scope="session")

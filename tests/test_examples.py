@@ -30,3 +30,22 @@ def test_hard_examples_reweights_between_epochs_with_one_dataloader(tmp_path):
     ess = [int(v) for v in re.findall(r"effective sample size (\d+)", out)]
     assert ess[0] > ess[-1], out  # the weights moved away from uniform
     assert re.search(r"hardest \[\d, \d, \d\]: uniform 0\.\d+  hard 0\.\d+", out), out
+
+
+def test_mixtures_are_met_steered_replayed_and_answered_for(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "mixtures.py", "--root", str(tmp_path), "--steps", "80"],
+        cwd=EXAMPLES,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = done.stdout
+    assert "every prefix within one draw: True" in out, out
+    changes = re.search(r"steered: (\d+) changes .* books' share 0\.10 -> (0\.\d+)", out)
+    assert changes and int(changes[1]) >= 2 and float(changes[2]) > 0.1, out
+    assert "equals what it delivered: True" in out, out
+    assert "exposures of the halfway checkpoint equal its draws: True" in out, out
+    gone = re.search(r"the checkpoint saw (\d+) draws of samples no longer", out)
+    assert gone and int(gone[1]) > 0, out

@@ -235,7 +235,7 @@ def test_a_batch_is_handed_over_as_arrow_and_raw_payloads_without_a_copy(tmp_pat
     for dataset, mapped in ((ds, True), (zds, False)):
         batch = next(iter(dataset.loader(batch_size=16, seed=3)))
         frame = pl.DataFrame(batch.to_arrow())
-        assert frame.columns == ["draw", "row", "cache_id", "sample_id", "data"]
+        assert frame.columns == ["draw", "row", "cache_id", "sample_id", "snapshot", "data"]
         assert frame["data"].to_list() == batch.data
         assert frame["row"].to_list() == batch.rows
         assert frame["sample_id"].to_list() == batch.sample_id

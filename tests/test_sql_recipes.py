@@ -21,6 +21,7 @@ TESTED = {
     "loss_ema_weights",
     "focal_weights",
     "cap_weight_per_class",
+    "group_losses",
 }
 
 
@@ -174,6 +175,28 @@ def test_focal_weights(ds):
     fallback = sum(mean.values()) / len(mean)
     got = weights_by_sample(ds)
     assert got == pytest.approx({s: mean.get(s, fallback) ** 2.5 for s in got}, rel=1e-12)
+
+
+def test_group_losses(ds):
+    """A query, not an edit: each label's mean logged loss since a point of the run."""
+    from datasetrt.mixing import group_losses
+
+    scores = register_scores(ds)
+    labels = dict(ds.get_metadata().select("sample_id", "label").iter_rows())
+    since = scores.filter(
+        (pl.col("epoch") > 1) | ((pl.col("epoch") == 1) & (pl.col("position") >= 40))
+    )
+    want = (
+        since.with_columns(pl.col("sample_id").replace_strict(labels).cast(pl.String).alias("g"))
+        .group_by("g")
+        .agg(pl.col("value").mean(), pl.len())
+        .sort("g")
+    )
+    got = group_losses(ds, "label", run="r1", since=(1, 40))
+    assert got["value"].to_list() == want["g"].to_list()
+    assert got["loss"].to_list() == pytest.approx(want["value"].to_list(), rel=1e-12)
+    assert got["n"].to_list() == want["len"].to_list()
+    assert ds.version == 0  # nothing committed
 
 
 def capped(weights: dict[int, float], labels: dict[int, int], cap: float) -> dict[int, float]:

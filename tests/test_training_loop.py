@@ -343,3 +343,40 @@ def test_a_worker_whose_plan_snapshot_is_gone_raises_cache_not_found_in_the_main
     with pytest.raises(drt.CacheNotFoundError):
         next(iter(loader))
     del loader
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_a_run_steered_within_the_epoch_through_workers_resumes_on_other_worker_counts(
+    two_caches, method
+):
+    """A mixture changed during the epoch reaches a DataLoader's workers at one
+    draw; the run stopped halfway resumes on another number of workers, and
+    the whole is the run replayed alone from its schedule."""
+    ds = two_caches[0]
+    ds.set_mixture("label", {0: 1, 1: 1, 2: 1})
+    # the workers read ahead (8 batches each, a few more queued and in
+    # flight: at most 600 draws here): a change takes effect at the first
+    # block none of them has claimed
+    kw = {"epoch_len": 3000, "run": f"torch-{method}"}
+    tds = ds.to_torch(batch_size=BS, seed=3, **kw)
+    it = iter(dataloader(tds, 2, method))
+    got = [ids(next(it)) for _ in range(6)]
+    changed = ds.set_mixture("label", {0: 3, 1: 1, 2: 1})
+    got += [ids(next(it)) for _ in range(40)]
+    state = tds.state_dict(46)
+    del it  # the run stops here
+    again = ds.to_torch(batch_size=BS, seed=3, **kw)
+    again.load_state_dict(state)
+    ds.set_mixture("label", {0: 1, 1: 3, 2: 1})  # committed while it was stopped
+    got += [ids(b) for b in dataloader(again, 3, method)]
+    assert got == fresh(ds, 0, **kw)
+    # both changes took effect within the epoch
+    meta = ds.get_metadata()
+    label = dict(
+        zip(zip(meta["cache_id"], meta["sample_id"], strict=True), meta["label"], strict=True)
+    )
+    labels = [label[i] for b in got for i in b]
+    assert abs(labels[:150].count(0) - 50) <= 1  # the first shares, a third each
+    assert abs(labels[1000:1150].count(0) - 90) <= 1  # the first change's, 3:1:1
+    assert abs(labels[-150:].count(1) - 90) <= 1  # the last change's, 1:3:1
+    assert changed in ds.history()["version"].to_list()

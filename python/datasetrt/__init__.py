@@ -42,6 +42,7 @@ from .exceptions import (
     UnsupportedFormatError,
 )
 from .loader import Batch, Loader, Sample
+from .mixing import MixtureController
 from .worker import Worker
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "InternalError",
     "InvalidInputError",
     "Loader",
+    "MixtureController",
     "QueryError",
     "Sample",
     "StorageError",

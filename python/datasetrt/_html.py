@@ -3,7 +3,8 @@
 Every string that comes from data (names, values, notes, paths, plans) goes
 through :func:`esc`, and every view is bounded: at most :data:`MAX_ROWS`
 rows, :data:`MAX_COLUMNS` columns, :data:`MAX_CACHES` caches and
-:data:`MAX_CLASSES` classes are drawn, followed by how many were left out.
+:data:`MAX_CLASSES` classes (or mixture groups) are drawn, followed by how
+many were left out.
 """
 
 from __future__ import annotations
@@ -126,6 +127,40 @@ def label_column(columns: Sequence[str]) -> str | None:
     return next((lowered[n] for n in LABEL_COLUMNS if n in lowered), None)
 
 
+def mixture_view(ds: Dataset) -> tuple[list[tuple[str, str]], str]:
+    """Lines for the snapshot table and the table of the active snapshot's
+    mixture: target and delivered share per group (none without a mixture)."""
+    from .population import DELIVERED_DRAWS, population
+
+    mix = ds.mixture()
+    if mix is None:
+        return [("rows (draws per epoch)", f"{len(ds):,}")], ""
+    column = mix["column"][0]
+    rep = population(ds, column)
+    draws = round(rep["draws_per_epoch"].sum())
+    counted = min(draws, DELIVERED_DRAWS)
+    top = rep.sort(
+        ["target_share", "rows"], descending=True, nulls_last=True, maintain_order=True
+    ).head(MAX_CLASSES)
+    rows = [
+        (
+            r[column],
+            "—" if r["target_share"] is None else bar(r["target_share"], "#5a8"),
+            bar(r["delivered_share"], "#e83"),
+            f"{r['rows']:,}",
+        )
+        for r in top.iter_rows(named=True)
+    ]
+    lines = [("rows", f"{len(ds):,}"), ("draws per epoch", f"{draws:,}")]
+    body = (
+        f"<div>mixture by <code>{esc(column)}</code>: target share of the draws, and the "
+        f"share delivered in the first {counted:,} draws of epoch 0 (seed 0)</div>"
+        + table(("group", "target share", "delivered share", "rows"), rows, raw=(1, 2))
+        + more(rep.height - top.height, "groups")
+    )
+    return lines, body
+
+
 def dataset(ds: Dataset, by: str | None = None) -> str:
     from .population import population
 
@@ -146,8 +181,9 @@ def dataset(ds: Dataset, by: str | None = None) -> str:
     note = history["note"][0] if history.height else None
     tags = sorted(t for t, n in ds.tags().items() if n == version)
     meta = ds.get_metadata()
+    sizes, mixture = mixture_view(ds)
     snapshot = [
-        ("rows (draws per epoch)", f"{len(ds):,}"),
+        *sizes,
         ("snapshot", version if version == ds.head else f"{version} (head: {ds.head})"),
         ("tags", ", ".join(tags) or "—"),
         ("fingerprint", ds.fingerprint),
@@ -164,11 +200,12 @@ def dataset(ds: Dataset, by: str | None = None) -> str:
         + ", ".join(f"<code>{esc(c)}</code>: {esc(meta.schema[c])}" for c in columns)
         + "</div>",
         more(meta.width - len(columns), "columns"),
+        mixture,
     ]
     key = by if by is not None else label_column(meta.columns)
     if key is not None and key in meta.columns:
         rep = population(ds, key)
-        whole = population(ds).row(0, named=True)
+        whole = population(ds, []).row(0, named=True)
         top = rep.sort("rows", descending=True).head(MAX_CLASSES)
         rows = [
             (r[key], f"{r['rows']:,}", bar(r["row_share"], "#9ab"), bar(r["draw_share"], "#e83"))

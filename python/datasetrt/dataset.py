@@ -49,6 +49,23 @@ def _storage_options(options: Mapping[str, str] | None) -> list[tuple[str, str]]
     return out
 
 
+def _shares_of_table(table: Any) -> dict[Any, Any]:
+    """A mixture's shares from a table with columns ``value`` and ``share``."""
+    frame = table if isinstance(table, pl.DataFrame) else pl.DataFrame(table)
+    missing = [c for c in ("value", "share") if c not in frame.columns]
+    if missing:
+        raise InvalidInputError(
+            f"a table of shares needs columns value and share; it lacks {missing} "
+            f"(it has {frame.columns})"
+        )
+    if frame["value"].null_count():
+        raise InvalidInputError("a table of shares has a null value")
+    values = frame["value"].to_list()
+    if len(set(values)) != len(values):
+        raise InvalidInputError("a table of shares names a value twice")
+    return dict(zip(values, frame["share"].to_list(), strict=True))
+
+
 class Dataset:
     """One or more caches and their active metadata snapshot.
 
@@ -217,6 +234,142 @@ class Dataset:
         return self._native.update_metadata(
             chunks(stream), base=base, force=bool(force), nulls=nulls
         )
+
+    def set_mixture(
+        self,
+        column: str | None,
+        shares: Mapping[Any, float] | Any = None,
+        *,
+        base: int | None = None,
+        force: bool = False,
+    ) -> int:
+        """Draw the population as a mixture: ``shares[v]`` of the draws from
+        the rows whose ``column`` is ``v``; returns the new snapshot number.
+
+        >>> ds.set_mixture("source", {"web": 0.6, "code": 0.3, "books": 0.1})  # doctest: +SKIP
+
+        The mixture is part of the population: it is committed as a snapshot
+        (the same rows, no column file rewritten) and kept by later updates
+        that keep ``column``; table ``mixture`` shows it in SQL, and
+        ``set_mixture(None)`` draws by the weights alone again.
+
+        ``shares`` may also be a table with columns ``value`` and ``share``
+        (a polars DataFrame, or any object with ``__arrow_c_stream__``): the
+        result of SQL, say::
+
+            ds.set_mixture("source", ds.sql(
+                "SELECT source AS value, 1.0 / count(*) AS share FROM metadata GROUP BY source"))
+
+        For every ``k``, each group's count among the first ``k`` draws of an
+        epoch is within one of ``share * k``; within a group rows are drawn
+        by their own weights in the loader's sampling mode (a permutation
+        walks the group's rows, repeating it once its share outgrows it).
+        Rows whose value has no share are not drawn. Values are matched as
+        text (the column's values cast to strings); shares are any
+        non-negative numbers (normalised) and kept exactly when they are
+        multiples of 1/10,000, else to the nearest 1/65,536.
+        """
+        if base is not None:
+            base = check_version(base, "base")
+        if column is None:
+            if shares:
+                raise InvalidInputError("set_mixture(None) takes no shares")
+            return self._native.set_mixture(None, [], base=base, force=bool(force))
+        check_text(column, "the mixture's column")
+        if not isinstance(shares, Mapping) and hasattr(shares, "__arrow_c_stream__"):
+            shares = _shares_of_table(shares)
+        if not isinstance(shares, Mapping) or not shares:
+            raise InvalidInputError(
+                f"set_mixture needs the shares as a dict of value -> share, not {shares!r}"
+            )
+        pairs = []
+        for value, share in shares.items():
+            if isinstance(value, bool) or not isinstance(value, (str, int)):
+                raise InvalidInputError(
+                    f"a mixture's group is a str or int value of {column!r}, not {value!r}"
+                )
+            if isinstance(share, bool) or not isinstance(share, (int, float)):
+                raise InvalidInputError(f"the share of group {value!r} must be a number")
+            pairs.append((check_text(str(value), "a mixture's group"), float(share)))
+        return self._native.set_mixture(column, pairs, base=base, force=bool(force))
+
+    def mixture(self, version: int | str | None = None) -> pl.DataFrame | None:
+        """The mixture of the active snapshot (or ``version``): ``column``,
+        ``value``, ``share`` per group; ``None`` when it draws by weights alone."""
+        number = None if version is None else self._resolve(version)
+        found = self._native.mixture(number)
+        if found is None:
+            return None
+        column, shares = found
+        return pl.DataFrame(
+            {
+                "column": [column] * len(shares),
+                "value": [v for v, _ in shares],
+                "share": [s for _, s in shares],
+            },
+            schema={"column": pl.String, "value": pl.String, "share": pl.Float64},
+        )
+
+    def exposures(
+        self,
+        state: Mapping[str, Any],
+        *,
+        first_epoch: int = 0,
+        history: Any = None,
+        world_size: int = 1,
+        drop_last: bool = False,
+        epoch_len: int | None = None,
+    ) -> pl.DataFrame:
+        """What a checkpoint trained on: every ``(cache_id, sample_id)`` drawn
+        up to loader state ``state``, with its ``count``.
+
+        Recomputed from the state and the snapshots (the draws are a pure
+        function of them): nothing per sample is stored, and a sample removed
+        by a later update (dedup, decontamination) is still answered for.
+        Epochs ``first_epoch`` to the state's are counted, the earlier ones
+        whole (cut or padded for ``world_size`` ranks and ``drop_last`` as
+        the run's loader was, of ``epoch_len`` draws if the loader was given
+        one, else each its snapshot's default), the state's up to its
+        position. Each epoch
+        draws from the state's snapshot unless ``history`` (a
+        ``TorchDataset.history()`` frame, or a dict epoch -> snapshot) says
+        otherwise, as for a loader that followed the head. The result is also
+        SQL table ``exposures``::
+
+            ds.exposures(ckpt["loader"])
+            ds.sql("SELECT count(*) FROM exposures e JOIN metadata m "
+                   "USING (cache_id, sample_id) WHERE m.source = 'web'")
+        """
+        if not isinstance(state, Mapping):
+            raise InvalidInputError(
+                f"exposures takes a loader state (state_dict()), not {type(state).__name__}"
+            )
+        first_epoch = check_epoch(first_epoch)
+        world_size = check_int(world_size, "world_size", 1, (1 << 32) - 1)
+        if epoch_len is not None:
+            epoch_len = check_int(epoch_len, "epoch_len", 1, (1 << 63) - 1)
+        snapshots: dict[int, int] = {}
+        if isinstance(history, pl.DataFrame):
+            history = dict(history.select("epoch", "snapshot").iter_rows())
+        if history is not None:
+            if not isinstance(history, Mapping):
+                raise InvalidInputError(
+                    "history must be TorchDataset.history() or a dict epoch -> snapshot"
+                )
+            for epoch, number in history.items():
+                snapshots[check_epoch(epoch)] = check_version(number, "a history snapshot")
+        table = pl.DataFrame(
+            self._native.exposures(
+                dict(state),
+                first_epoch=first_epoch,
+                snapshots=snapshots,
+                world_size=world_size,
+                drop_last=bool(drop_last),
+                epoch_len=epoch_len,
+            )
+        )
+        self.register("exposures", table)
+        return table
 
     def register(self, name: str, data: Any) -> None:
         """Make ``data`` a SQL table called ``name`` (next to ``metadata`` and ``payloads``).
@@ -387,8 +540,10 @@ class Dataset:
         return dict(self._native.tags())
 
     def cleanup(self, keep: int = 10, *, dry_run: bool = False) -> list[int]:
-        """Delete snapshots except the newest ``keep``, the tagged ones, the
-        head and the active one, and the column files no remaining snapshot
+        """Delete snapshots except the newest ``keep``, the tagged ones, those
+        a run's schedule names (``loader(run=...)``: ``exposures`` answers for
+        them until ``runs/<run>`` is removed), the head and the active one,
+        and the column files no remaining snapshot
         uses. Returns the deleted snapshot numbers (with ``dry_run``: the ones
         it would delete now, deleting nothing). Commits of other processes
         wait while it runs (they share the dataset's commit lock)."""
@@ -482,8 +637,10 @@ class Dataset:
         version: int | str | None = None,
         sampling: str = "replacement",
         epoch_len: int | None = None,
+        seed: int = 0,
     ) -> pl.DataFrame:
-        """What a run will draw, per value of ``by`` (one row without ``by``).
+        """What a run will draw, per value of ``by`` (one row without ``by``,
+        or with ``by=[]``).
 
         Columns: ``rows`` and ``row_share``; ``weight_sum`` and
         ``draw_share``, the expected share of the draws; ``draws_per_epoch``
@@ -492,11 +649,28 @@ class Dataset:
         ``max_weight_ratio``, the largest weight over the smallest positive
         one. ``version`` (a number or a tag) reports on another snapshot.
 
+        A snapshot with a mixture (:meth:`set_mixture`) is reported by its
+        column when ``by`` is left out. ``draw_share`` is then each group's
+        share of the mixture, split among the group's rows by their weights
+        (by any column), and ``ess`` and ``max_weight_ratio`` are of those
+        per-row shares. A report by the mixture's column adds
+        ``target_share`` (null for a value without a share: never drawn) and
+        ``delivered_share``, the group's share of the first
+        ``min(epoch length, 1,000,000)`` draws of epoch 0 for ``seed``, as
+        the loader delivers them (within one draw of the target's).
+
         >>> ds.population("label")  # doctest: +SKIP
         """
         from .population import population
 
-        return population(self, by, version=version, sampling=sampling, epoch_len=epoch_len)
+        return population(
+            self,
+            by,
+            version=version,
+            sampling=sampling,
+            epoch_len=epoch_len,
+            seed=check_seed(seed),
+        )
 
     def plot_population(
         self,
@@ -508,14 +682,31 @@ class Dataset:
         """A matplotlib figure: the class shares by ``by`` and the weight histogram.
 
         Without ``compare`` the shares of rows and of draws (before and after
-        weights) of the active snapshot; with ``compare`` (a snapshot number
-        or tag) the shares of draws of both, side by side. Needs matplotlib
+        weights, and the mixture if the snapshot has one) of the active
+        snapshot; with ``compare`` (a snapshot number or tag) the shares of
+        draws of both, side by side. Needs matplotlib
         (``pip install 'datasetrt[plot]'``); a notebook shows the figure,
         elsewhere ``fig.savefig("population.png")``.
         """
         from .population import plot_population
 
         return plot_population(self, by, compare=compare, version=version)
+
+    def plot_mixture(self, ax: Any = None) -> Any:
+        """A matplotlib figure: the mixture's target shares over the run.
+
+        x is the snapshot number (every committed snapshot on disk, oldest
+        first), one step line per group with the share the snapshot's
+        mixture sets (0 for a group a mixture of its column leaves out: not
+        drawn). A snapshot without a mixture (or with one by another column)
+        is a gap in the line: it draws by weights alone
+        (:meth:`population` reports those shares). Draws into ``ax`` when
+        given; returns the figure. Needs matplotlib
+        (``pip install 'datasetrt[plot]'``).
+        """
+        from .population import plot_mixture
+
+        return plot_mixture(self, ax)
 
     # -- reading -----------------------------------------------------------------
     def get_item(self, cache_id: int, sample_id: int) -> Sample:
@@ -541,6 +732,7 @@ class Dataset:
         threads: int | None = None,
         prefetch_bytes: int | None = None,
         prefetch_batches: int | None = None,
+        run: str | None = None,
     ) -> Loader:
         """Batches of one epoch of draws, read ahead natively.
 
@@ -574,6 +766,17 @@ class Dataset:
         when it was created. The options become one ``_native.LoaderSpec``,
         which holds the defaults and checks every value once
         (``loader.spec``).
+
+        ``run`` (a name: letters, digits, ``.``, ``_``, ``-``) makes the loader
+        follow the head *within* the epoch: a change committed meanwhile (a
+        new mixture, new weights) takes effect at the next block boundary
+        no reader of the run has drawn past, the same for every rank and
+        worker, and is written in the run's schedule beside the snapshots.
+        The state names the run, so resume replays the schedule exactly and
+        :meth:`exposures` recomputes what was drawn. Under a mixture each
+        group continues its own sequence across a change of shares (no row
+        of a group repeats or is skipped because the shares moved). Use one
+        name per run: a name's schedule is replayed by every loader of it.
         """
         rank, world_size = distributed_defaults(rank, world_size)
         spec = _native.LoaderSpec(
@@ -589,6 +792,7 @@ class Dataset:
             threads=threads,
             prefetch_bytes=prefetch_bytes,
             prefetch_batches=prefetch_batches,
+            run=run,
         )
         return Loader(self, spec)
 

@@ -85,10 +85,18 @@ class _Lists:
     """What a :class:`Batch` holds once pickled (sent to a DataLoader's main
     process, say): its columns as lists, no mapping."""
 
-    __slots__ = ("_cache_id", "_data", "_rows", "_sample_id")
+    __slots__ = ("_cache_id", "_data", "_rows", "_sample_id", "_snapshots")
 
-    def __init__(self, rows: list[int], cache_id: list[int], sample_id: list[int], data: list):
+    def __init__(
+        self,
+        rows: list[int],
+        cache_id: list[int],
+        sample_id: list[int],
+        data: list,
+        snapshots: list[int] | None = None,
+    ):
         self._rows, self._cache_id, self._sample_id, self._data = rows, cache_id, sample_id, data
+        self._snapshots = snapshots
 
     def __len__(self) -> int:
         return len(self._data)
@@ -101,6 +109,9 @@ class _Lists:
 
     def sample_id(self) -> list[int]:
         return self._sample_id
+
+    def snapshots(self) -> list[int] | None:
+        return self._snapshots
 
     def data(self) -> list[bytes]:
         return self._data
@@ -119,8 +130,10 @@ class _Lists:
         )
 
 
-def _unpickle_batch(rows, cache_id, sample_id, data, frame, draws=None, epoch=None) -> Batch:
-    batch = Batch(_Lists(rows, cache_id, sample_id, data), frame, epoch)
+def _unpickle_batch(
+    rows, cache_id, sample_id, data, frame, draws=None, epoch=None, snapshots=None
+) -> Batch:
+    batch = Batch(_Lists(rows, cache_id, sample_id, data, snapshots), frame, epoch)
     batch._draws = draws
     return batch
 
@@ -128,14 +141,15 @@ def _unpickle_batch(rows, cache_id, sample_id, data, frame, draws=None, epoch=No
 class Batch(HtmlRepr):
     """One batch from a loader, handed over as the Arrow record batch the
     engine produced (columns ``draw``, ``row``, ``cache_id``, ``sample_id``,
-    ``data``), with Python views of it built on first access:
+    ``snapshot``, ``data``), with Python views of it built on first access:
 
     - ``data``: the payloads as ``bytes`` (copies);
     - ``views``: the payloads as read-only memoryviews, over the mapped shard
       (no copy) for records stored raw in a local cache or a whole replica,
       over a copy otherwise;
     - ``cache_id``, ``sample_id``, ``rows``: lists of ints (``rows`` index
-      the loader's snapshot); ``metadata``: a polars DataFrame of the rows;
+      the loader's snapshot, or under ``run=`` each row's ``snapshots``);
+      ``metadata``: a polars DataFrame of the rows;
     - ``draws``: the global draw positions of the rows in the epoch's
       sequence (what a score log keys its rows by); ``epoch``: that epoch;
     - ``to_arrow()`` / ``__arrow_c_array__``: the record batch itself, for
@@ -180,6 +194,7 @@ class Batch(HtmlRepr):
             self._frame,
             self.draws,
             self._epoch,
+            self._native.snapshots(),
         )
         return _unpickle_batch, columns
 
@@ -238,6 +253,12 @@ class Batch(HtmlRepr):
         return self._native.to_arrow().__arrow_c_array__(requested_schema)
 
     @property
+    def snapshots(self) -> list[int]:
+        """The snapshot each row was drawn from: the loader's, unless it
+        follows the head within the epoch (``Dataset.loader(run=...)``)."""
+        return self._native.snapshots()
+
+    @property
     def metadata(self) -> pl.DataFrame:
         if self._metadata is None:
             self._metadata = self._frame()[self.rows]
@@ -268,6 +289,9 @@ class Loader(HtmlRepr):
         version = self.version
         self._frame = _Frame(lambda: dataset._metadata_of(version))
         self._epoch: int = self.plan.epoch
+        self._dataset = dataset
+        # a loader that follows the head within the epoch: frames by snapshot
+        self._frames: dict[int, _Frame] | None = {version: self._frame} if spec.run else None
 
     @property
     def plan(self) -> _native.DrawPlan:
@@ -287,7 +311,20 @@ class Loader(HtmlRepr):
         return self
 
     def __next__(self) -> Batch:
-        return Batch(next(self._native), self._frame, self._epoch)
+        native = next(self._native)
+        if self._frames is None:
+            return Batch(native, self._frame, self._epoch)
+        numbers = native.snapshots()
+        for number in set(numbers):
+            if number not in self._frames:
+                self._frames[number] = _Frame(lambda n=number, ds=self._dataset: ds._metadata_of(n))
+        batch = Batch(native, self._frames[numbers[0]] if numbers else self._frame, self._epoch)
+        if len(set(numbers)) > 1:  # a block cut by a change (another batch_size)
+            batch._metadata = pl.concat(
+                [self._frames[n]()[[r]] for n, r in zip(numbers, batch.rows, strict=True)],
+                how="diagonal_relaxed",
+            )
+        return batch
 
     def __repr__(self) -> str:
         p = self.plan

@@ -1,9 +1,11 @@
-"""What a training run will see: the population per class, as data and as a plot.
+"""What a training run will see: the population per class, as data and as plots.
 
-:meth:`Dataset.population` and :meth:`Dataset.plot_population` call these.
-The numbers come from the snapshot's rows and weights (polars); how many
-draws an epoch has comes from the engine, so a report always matches the
-loader. matplotlib is needed only for the plot (``pip install 'datasetrt[plot]'``).
+:meth:`Dataset.population`, :meth:`Dataset.plot_population` and
+:meth:`Dataset.plot_mixture` call these. The numbers come from the snapshot's
+rows, weights and mixture (polars); how many draws an epoch has, and which
+rows the first draws of an epoch are, come from the engine, so a report always
+matches the loader. matplotlib is needed only for the plots
+(``pip install 'datasetrt[plot]'``).
 """
 
 from __future__ import annotations
@@ -31,8 +33,17 @@ COLUMNS = (
     "max_weight_ratio",
 )
 
+#: The columns a report by a snapshot's mixture column adds.
+MIXTURE_COLUMNS = ("target_share", "delivered_share")
+
 #: Classes drawn in a plot; the rest are summed into one bar.
 PLOT_CLASSES = 30
+
+#: At most this many draws of an epoch are counted for ``delivered_share``.
+DELIVERED_DRAWS = 1_000_000
+
+#: A snapshot's mixture: its column and the share of each value (as text).
+Mixture = tuple[str, dict[str, float]]
 
 
 def metadata(dataset: Dataset, version: int | str | None) -> tuple[int, pl.DataFrame]:
@@ -45,6 +56,15 @@ def metadata(dataset: Dataset, version: int | str | None) -> tuple[int, pl.DataF
     return number, pl.DataFrame(dataset._native.get_metadata(number))
 
 
+def mixture_of(dataset: Dataset, number: int) -> Mixture | None:
+    """The mixture of snapshot ``number``, or None when it draws by weights alone."""
+    found = dataset._native.mixture(number)
+    if found is None:
+        return None
+    column, shares = found
+    return column, {str(value): float(share) for value, share in shares}
+
+
 def _by(frame: pl.DataFrame, by: str | list[str] | None) -> list[str]:
     keys = [] if by is None else [by] if isinstance(by, str) else list(by)
     missing = [k for k in keys if k not in frame.columns]
@@ -55,38 +75,99 @@ def _by(frame: pl.DataFrame, by: str | list[str] | None) -> list[str]:
     return keys
 
 
+# Per-row columns of a report; the names are not a user's.
+_DRAWN, _EFFECTIVE, _HITS = "__drt_drawn__", "__drt_effective__", "__drt_hits__"
+
+
+def _per_row(sampling: str, mixture: Mixture | None) -> list[pl.Expr]:
+    """A row's part of the draws (any scale) and its effective weight.
+
+    Without a mixture: its weight (replacement, balanced), one (a permutation
+    draws every row once) or one for a positive weight (weighted without
+    replacement). With one, the row's group (its value of the mixture's
+    column, as text) has the group's share, split among the group's rows
+    in the same way; a row whose value has no share is never drawn.
+    """
+    w = pl.col("weight").cast(pl.Float64)
+    if sampling == "permutation":
+        drawn = w.is_not_null().cast(pl.Float64)
+    elif sampling == "weighted_without_replacement":
+        drawn = (w > 0).cast(pl.Float64)
+    else:
+        drawn = w
+    if mixture is None:
+        return [drawn.alias(_DRAWN), w.alias(_EFFECTIVE)]
+    column, shares = mixture
+    group = pl.col(column).cast(pl.String)
+    share = group.replace_strict(shares, default=0.0, return_dtype=pl.Float64).fill_null(0.0)
+
+    def split(part: pl.Expr) -> pl.Expr:
+        total = part.sum().over(group)
+        return pl.when((share > 0) & (total > 0)).then(share * part / total).otherwise(0.0)
+
+    return [split(drawn).alias(_DRAWN), split(w).alias(_EFFECTIVE)]
+
+
 def report(
-    frame: pl.DataFrame, by: str | list[str] | None, draws: int, sampling: str
+    frame: pl.DataFrame,
+    by: str | list[str] | None,
+    draws: int,
+    sampling: str,
+    mixture: Mixture | None = None,
+    drawn_rows: pl.Series | None = None,
 ) -> pl.DataFrame:
-    """The report of ``frame`` for an epoch of ``draws`` draws; see :func:`population`."""
+    """The report of ``frame`` for an epoch of ``draws`` draws; see :func:`population`.
+
+    With ``mixture``, a report by its column (alone) adds ``target_share``
+    and, given ``drawn_rows`` (rows of ``frame`` the loader drew),
+    ``delivered_share``.
+    """
     keys = _by(frame, by)
     w = pl.col("weight")
-    positive = pl.when(w > 0).then(w)
-    if sampling == "permutation":  # every row once: weights do not matter
-        drawn = pl.len().cast(pl.Float64)
-    elif sampling == "weighted_without_replacement":  # every row of positive weight once
-        drawn = (w > 0).sum().cast(pl.Float64)
-    else:  # replacement and balanced draw each row in proportion to its weight
-        drawn = w.sum()
+    e = pl.col(_EFFECTIVE)
+    positive = pl.when(e > 0).then(e)
     aggs = [
         pl.len().cast(pl.Int64).alias("rows"),
-        w.sum().alias("weight_sum"),
-        drawn.alias("_drawn"),
+        w.sum().cast(pl.Float64).alias("weight_sum"),
+        pl.col(_DRAWN).sum().alias(_DRAWN),
         # Kish: (Σw)² / Σw², the number of equally weighted rows worth as much
-        pl.when((w * w).sum() > 0).then(w.sum() ** 2 / (w * w).sum()).otherwise(0.0).alias("ess"),
+        pl.when((e * e).sum() > 0).then(e.sum() ** 2 / (e * e).sum()).otherwise(0.0).alias("ess"),
         (positive.max() / positive.min()).alias("max_weight_ratio"),
     ]
-    grouped = frame.group_by(keys, maintain_order=True).agg(aggs) if keys else frame.select(aggs)
+    by_mixture = mixture is not None and keys == [mixture[0]]
+    if mixture is not None and by_mixture:
+        column, shares = mixture
+        target = (
+            pl.col(column)
+            .cast(pl.String)
+            .replace_strict(shares, default=None, return_dtype=pl.Float64)
+        )
+        aggs.append(target.first().alias("target_share"))
+    rows = frame.with_columns(_per_row(sampling, mixture))
+    grouped = rows.group_by(keys, maintain_order=True).agg(aggs) if keys else rows.select(aggs)
     total_rows = max(frame.height, 1)
-    total_drawn = grouped["_drawn"].sum() or 1.0
+    total_drawn = grouped[_DRAWN].sum() or 1.0
     out = grouped.with_columns(
         (pl.col("rows") / total_rows).alias("row_share"),
-        (pl.col("_drawn") / total_drawn).alias("draw_share"),
-        (pl.col("_drawn") / total_drawn * draws).alias("draws_per_epoch"),
+        (pl.col(_DRAWN) / total_drawn).alias("draw_share"),
+        (pl.col(_DRAWN) / total_drawn * draws).alias("draws_per_epoch"),
     )
+    extra: list[str] = []
+    if by_mixture:
+        extra.append("target_share")
+        if drawn_rows is not None:
+            hits = (
+                frame.select(pl.col(keys).gather(drawn_rows))
+                .group_by(keys)
+                .agg(pl.len().alias(_HITS))
+            )
+            out = out.join(hits, on=keys, how="left").with_columns(
+                (pl.col(_HITS).fill_null(0) / max(len(drawn_rows), 1)).alias("delivered_share")
+            )
+            extra.append("delivered_share")
     if keys:
         out = out.sort(keys, nulls_last=True)
-    return out.select(*keys, *COLUMNS)
+    return out.select(*keys, *COLUMNS, *extra)
 
 
 def population(
@@ -96,17 +177,35 @@ def population(
     version: int | str | None = None,
     sampling: str = "replacement",
     epoch_len: int | None = None,
+    seed: int = 0,
 ) -> pl.DataFrame:
     """See :meth:`datasetrt.Dataset.population`."""
     number, frame = metadata(dataset, version)
-    if sampling == "weighted_without_replacement" and epoch_len is not None:
-        raise InvalidInputError(
-            "population(): the expected draws of part of a weighted-without-replacement "
-            "epoch have no closed form; leave epoch_len out, or count ds.draws(...)"
-        )
+    mixture = mixture_of(dataset, number)
+    if by is None and mixture is not None:
+        by = mixture[0]
+    keys = _by(frame, by)
+    if sampling == "weighted_without_replacement":
+        if mixture is None and epoch_len is not None:
+            raise InvalidInputError(
+                "population(): the expected draws of part of a weighted-without-replacement "
+                "epoch have no closed form; leave epoch_len out, or count ds.draws(...)"
+            )
+        if mixture is not None and keys not in ([], [mixture[0]]):
+            raise InvalidInputError(
+                "population(): the expected draws of a mixture's groups drawn weighted "
+                f"without replacement have no closed form by other columns; report by "
+                f"{mixture[0]!r}, or count ds.draws(...)"
+            )
     spec = _native.LoaderSpec(seed=0, sampling=sampling, epoch_len=epoch_len, version=number)
     draws = dataset._native.plan(spec).epoch_len
-    return report(frame, by, draws, sampling)
+    drawn_rows = None
+    if mixture is not None and keys == [mixture[0]]:
+        # the first draws of epoch 0, as the loader delivers them
+        count = min(draws, DELIVERED_DRAWS)
+        table = dataset._native.draws(seed, 0, 0, count, sampling, epoch_len, version=number)
+        drawn_rows = pl.DataFrame(table)["row"]
+    return report(frame, keys, draws, sampling, mixture, drawn_rows)
 
 
 def _label(dataset: Dataset, number: int) -> str:
@@ -133,6 +232,15 @@ def _figure_class() -> type:
     return PopulationFigure
 
 
+def _matplotlib(what: str) -> type:
+    try:
+        return _figure_class()
+    except ImportError:
+        raise ImportError(
+            f"{what}() draws with matplotlib: pip install 'datasetrt[plot]'"
+        ) from None
+
+
 def plot_population(
     dataset: Dataset,
     by: str = "label",
@@ -142,17 +250,12 @@ def plot_population(
     bins: int = 40,
 ) -> Any:
     """See :meth:`datasetrt.Dataset.plot_population`."""
-    try:
-        figure = _figure_class()
-    except ImportError:
-        raise ImportError(
-            "plot_population() draws with matplotlib: pip install 'datasetrt[plot]'"
-        ) from None
+    figure = _matplotlib("plot_population")
     if not isinstance(by, str):
         raise InvalidInputError(f"plot_population(by=...) takes one column name, not {by!r}")
     number, frame = metadata(dataset, version)
     rep = population(dataset, by, version=number)
-    whole = population(dataset, version=number).row(0, named=True)
+    whole = population(dataset, [], version=number).row(0, named=True)
     name = _label(dataset, number)
     if compare is None:  # before and after the weights of one snapshot
         series = [
@@ -208,4 +311,43 @@ def plot_population(
     )
     if others:
         right.legend(fontsize="small")
+    return fig
+
+
+def mixture_history(dataset: Dataset) -> tuple[list[int], list[Mixture | None]]:
+    """Every committed snapshot on disk, oldest first, and its mixture."""
+    history = dataset.history().filter(pl.col("committed")).sort("version")
+    versions = history["version"].to_list()
+    return versions, [mixture_of(dataset, v) for v in versions]
+
+
+def plot_mixture(dataset: Dataset, ax: Any = None) -> Any:
+    """See :meth:`datasetrt.Dataset.plot_mixture`."""
+    if ax is None:
+        figure = _matplotlib("plot_mixture")
+        fig = figure(figsize=(9, 4), layout="constrained")
+        ax = fig.subplots()
+    else:
+        fig = ax.get_figure()
+    versions, mixtures = mixture_history(dataset)
+    columns = list(dict.fromkeys(m[0] for m in mixtures if m is not None))
+    groups = list(dict.fromkeys((m[0], v) for m in mixtures if m is not None for v in m[1]))
+    nan = float("nan")
+    for column, value in groups:
+        # a group without a share in a mixture of its column is not drawn: 0;
+        # a snapshot without a mixture of its column is a gap
+        shares = [nan if m is None or m[0] != column else m[1].get(value, 0.0) for m in mixtures]
+        label = value if len(columns) == 1 else f"{column}={value}"
+        ax.plot(versions, shares, drawstyle="steps-post", marker="o", label=label)
+    ax.set_xlabel(f"snapshot (active: {dataset.version})")
+    ax.set_ylabel("target share of the draws")
+    if len(versions) <= PLOT_CLASSES:
+        ax.set_xticks(versions)
+    ax.set_ylim(bottom=0.0, top=1.05)
+    if columns:
+        ax.set_title(f"mixture by {', '.join(columns)} over {len(versions)} snapshots")
+    else:
+        ax.set_title(f"no mixture in {len(versions)} snapshots: drawn by weights alone")
+    if 0 < len(groups) <= PLOT_CLASSES:
+        ax.legend(fontsize="small", title="group")
     return fig

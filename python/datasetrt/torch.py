@@ -104,10 +104,13 @@ class TorchDataset(IterableDataset):
         prefetch_batches: int | None = None,
         transform: Callable[[Batch], Any] = default_output,
         follow: str | None = None,
+        run: str | None = None,
     ):
         if follow not in (None, "head"):
             raise InvalidInputError(f'follow must be None or "head", not {follow!r}')
         self.follow = follow
+        # with a run the epoch follows the head within itself too (Dataset.loader)
+        self.run = run
         self.dataset = dataset
         self.version = dataset.version
         self.batch_size = batch_size
@@ -219,6 +222,7 @@ class TorchDataset(IterableDataset):
             threads=self.threads,
             prefetch_bytes=self.prefetch_bytes,
             prefetch_batches=self.prefetch_batches,
+            run=self.run,
         )
 
     def _plan(self, resume: dict[str, Any] | None = None, worker: int = 0, workers: int = 1) -> Any:

@@ -91,7 +91,8 @@ const DRAW: usize = 0;
 const ROW: usize = 1;
 const CACHE_ID: usize = 2;
 const SAMPLE_ID: usize = 3;
-const DATA: usize = 4;
+const SNAPSHOT: usize = 4;
+const DATA: usize = 5;
 
 /// A memoryview over a whole shard file and the file's length, or `None`
 /// when a buffer's records are copied instead.
@@ -141,6 +142,16 @@ impl PyBatch {
     fn draws(&self) -> Vec<u64> {
         self.batch
             .column(DRAW)
+            .as_primitive::<UInt64Type>()
+            .values()
+            .to_vec()
+    }
+
+    /// The snapshot each row was drawn from (the loader's, unless it
+    /// follows the head within the epoch).
+    fn snapshots(&self) -> Vec<u64> {
+        self.batch
+            .column(SNAPSHOT)
             .as_primitive::<UInt64Type>()
             .values()
             .to_vec()

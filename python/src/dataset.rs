@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use std::time::Duration;
 
-use arrow::array::{RecordBatch, UInt64Array};
+use arrow::array::{Int64Array, RecordBatch, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
-use datasetrt::catalog::Snapshot;
+use datasetrt::catalog::{Mixture, Snapshot};
 use datasetrt::load::Loader;
 use datasetrt::query::{LiveQuery, QuerySession};
 use datasetrt::sample::Sampling;
@@ -41,6 +41,9 @@ pub struct PyDataset {
 
 /// `snapshot` whole as an Arrow table over the mapped files; the check of
 /// every chunk not yet checked on this host runs without the GIL.
+/// A mixture as Python sees it: the column, and each group's value and share.
+type MixtureShares = (String, Vec<(String, f64)>);
+
 fn table(py: Python<'_>, snapshot: &Snapshot) -> PyResult<PyTable> {
     let batches = detach(py, || snapshot.batches().map(<[_]>::to_vec))?.py()?;
     PyTable::try_new(batches, snapshot.schema())
@@ -294,6 +297,85 @@ impl PyDataset {
         })
     }
 
+    /// Commit the population of `base` (default: the active one) again,
+    /// drawn by `shares` of the groups of `column` (none: by its weights
+    /// alone); returns the new snapshot number.
+    #[pyo3(signature = (column, shares, base=None, force=false))]
+    fn set_mixture(
+        &self,
+        py: Python<'_>,
+        column: Option<String>,
+        shares: Vec<(String, f64)>,
+        base: Option<u64>,
+        force: bool,
+    ) -> PyResult<u64> {
+        let mixture = match column {
+            Some(column) => Some(Mixture::new(&column, &shares).py()?),
+            None => None,
+        };
+        self.change(py, |live| live.set_mixture(mixture, base, force))
+    }
+
+    /// Every sample drawn up to loader state `state`, with its count:
+    /// `cache_id`, `sample_id`, `count` (see `datasetrt::load::exposures`).
+    #[pyo3(signature = (state, first_epoch=0, snapshots=std::collections::BTreeMap::new(), world_size=1, drop_last=false, epoch_len=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn exposures(
+        &self,
+        py: Python<'_>,
+        state: &Bound<'_, PyAny>,
+        first_epoch: u64,
+        snapshots: std::collections::BTreeMap<u64, u64>,
+        world_size: u32,
+        drop_last: bool,
+        epoch_len: Option<u64>,
+    ) -> PyResult<PyTable> {
+        let state = crate::draws::state_from_py(state)?;
+        let shape = datasetrt::load::RunShape {
+            first_epoch,
+            snapshots,
+            world_size,
+            drop_last,
+            epoch_len,
+        };
+        let inner = self.inner.clone();
+        let counted = detach(py, move || {
+            datasetrt::load::exposures(&inner, &state, &shape)
+        })?
+        .py()?;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("cache_id", DataType::Int64, false),
+            Field::new("sample_id", DataType::Int64, false),
+            Field::new("count", DataType::Int64, false),
+        ]));
+        let columns: Vec<arrow::array::ArrayRef> = vec![
+            Arc::new(Int64Array::from_iter_values(counted.iter().map(|e| e.0))),
+            Arc::new(Int64Array::from_iter_values(counted.iter().map(|e| e.1))),
+            Arc::new(Int64Array::from_iter_values(
+                counted.iter().map(|e| e.2 as i64),
+            )),
+        ];
+        let batch =
+            RecordBatch::try_new(schema.clone(), columns).map_err(|e| invalid(e.to_string()))?;
+        PyTable::try_new(vec![batch], schema)
+    }
+
+    /// The mixture of snapshot `version` (default: the active one): its
+    /// column and each group's value and share, or `None`.
+    #[pyo3(signature = (version=None))]
+    fn mixture(&self, version: Option<u64>) -> PyResult<Option<MixtureShares>> {
+        let snapshot = self.pinned(version)?;
+        Ok(snapshot.mixture().map(|m| {
+            let shares = m
+                .values()
+                .iter()
+                .enumerate()
+                .map(|(g, v)| (v.clone(), m.shares().share(g)))
+                .collect();
+            (m.column().to_string(), shares)
+        }))
+    }
+
     /// The snapshot the head record names now (another process may have
     /// committed since this dataset was opened).
     fn head(&self, py: Python<'_>) -> PyResult<u64> {
@@ -321,7 +403,7 @@ impl PyDataset {
         data: AnyRecordBatch,
         nulls: Vec<String>,
     ) -> PyResult<()> {
-        if matches!(name.as_str(), "metadata" | "payloads") || name.is_empty() {
+        if matches!(name.as_str(), "metadata" | "payloads" | "mixture") || name.is_empty() {
             return Err(invalid(format!(
                 "{name:?} is not a name a registered table can take"
             )));

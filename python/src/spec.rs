@@ -12,7 +12,7 @@ use crate::draws::{state_from_py, state_to_py};
 use crate::error::{invalid, IntoPyResult};
 
 /// Every option a `LoaderSpec` takes, in the order `repr` shows them.
-const OPTIONS: [&str; 16] = [
+const OPTIONS: [&str; 17] = [
     "batch_size",
     "seed",
     "epoch",
@@ -29,6 +29,7 @@ const OPTIONS: [&str; 16] = [
     "threads",
     "prefetch_bytes",
     "prefetch_batches",
+    "run",
 ];
 
 /// One reader's loader request, frozen: `replace(**options)` makes another.
@@ -132,6 +133,17 @@ impl PyLoaderSpec {
                         None => DEFAULT_PREFETCH_BATCHES as u64,
                     }
                 }
+                "run" => {
+                    r.run = match some(v) {
+                        None => None,
+                        Some(v) => Some(v.extract::<String>().map_err(|_| {
+                            invalid(format!(
+                                "run must be a str or None, not {}",
+                                v.repr().map_or_else(|_| "?".into(), |r| r.to_string())
+                            ))
+                        })?),
+                    }
+                }
                 other => {
                     return Err(invalid(format!(
                         "unknown loader option {other:?}; the options are {}",
@@ -167,6 +179,7 @@ impl PyLoaderSpec {
         d.set_item("threads", r.threads)?;
         d.set_item("prefetch_bytes", r.prefetch_bytes)?;
         d.set_item("prefetch_batches", r.prefetch_batches)?;
+        d.set_item("run", r.run.clone())?;
         Ok(d)
     }
 }

@@ -32,6 +32,8 @@ PARAMS = {
     "quality_filter": {"min_quality": 0.5},
     "split_by_hash": {"seed": 1, "val_fraction": 0.2, "split": "train"},
 }
+# Recipes that are queries, not population edits: run through their helper.
+QUERIES = {"group_losses"}
 
 
 class Squares:
@@ -54,7 +56,8 @@ def main() -> None:
     shipped = {p.stem for p in (package / "sql").glob("*.sql")}
     in_checkout = {p.stem for p in (checkout / "sql").glob("*.sql")}
     assert shipped == in_checkout, f"shipped recipes {shipped} != sql/ {in_checkout}"
-    assert shipped == set(PARAMS), f"recipes without parameters here: {shipped ^ set(PARAMS)}"
+    known = set(PARAMS) | QUERIES
+    assert shipped == known, f"recipes without parameters here: {shipped ^ known}"
 
     with tempfile.TemporaryDirectory() as tmp:
         ds = drt.build(tmp, [Squares()], progress=False)
@@ -73,6 +76,12 @@ def main() -> None:
             version = ds.apply_sql(recipe, **params)
             assert 0 < len(ds) <= 100, (recipe, len(ds))
             print(f"apply_sql({recipe!r}) -> snapshot {version}, {len(ds)} rows")
+        # group_losses: the online-mixing signal, per label over the log above
+        ds.checkout(0)
+        per_label = drt.mixing.group_losses(ds, "label", run="check")
+        assert sorted(per_label["value"]) == ["0", "1", "2", "3"], per_label
+        assert per_label["n"].sum() == 100, per_label
+        print(f"group_losses -> {len(per_label)} groups")
 
     done = subprocess.run(
         [sys.executable, str(checkout / "examples" / "quickstart.py"), "--root", "quickstart"],

@@ -6,7 +6,9 @@ mod assemble;
 pub mod commit;
 pub mod lease;
 mod mirror;
+pub mod mixture;
 mod ranges;
+pub mod schedule;
 pub mod scores;
 mod snapshot;
 pub mod stream;
@@ -19,6 +21,7 @@ use std::sync::{Arc, RwLock};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 
+pub use mixture::Mixture;
 pub use ranges::ColumnRange;
 pub use snapshot::PartitionEntry;
 pub use snapshot::{read_manifest, Manifest, Snapshot};
@@ -253,6 +256,7 @@ impl Dataset {
                             0,
                             "every stored sample",
                             None,
+                            None,
                         )?;
                         commit::write_head(&snapshot_dir, n, &guard)?;
                         if mirror.is_none() {
@@ -388,9 +392,57 @@ impl Dataset {
         )?;
         validate::check_total(population.num_rows(), total)?;
         drop(checks);
+        let mixture = carried(&active, |name| schema.index_of(name).is_ok())?;
         let base = base.unwrap_or_else(|| active.number());
         drop(active);
-        self.commit(Population::Made(&population), note, base, force)
+        self.commit(
+            Population::Made(&population),
+            note,
+            base,
+            force,
+            mixture.as_ref(),
+        )
+    }
+
+    /// Commit the population of snapshot `base` (default: the active one)
+    /// again with `mixture` (none: drawn by its weights alone) as the next
+    /// snapshot: the rows and their column files stay as they are. The
+    /// mixture is checked first (its column exists, each group of positive
+    /// share has a row of positive weight).
+    pub fn set_mixture(
+        &self,
+        mixture: Option<Mixture>,
+        base: Option<u64>,
+        force: bool,
+    ) -> Result<Arc<Snapshot>> {
+        let active = self.snapshot();
+        let on = match base {
+            Some(n) if n != active.number() => self.snapshot_at(n)?,
+            _ => active,
+        };
+        let note = match &mixture {
+            Some(m) => {
+                mixture::check(&on, m)?;
+                let shares: Vec<String> = m
+                    .values()
+                    .iter()
+                    .enumerate()
+                    .map(|(g, v)| format!("{v}={}", m.shares().share(g)))
+                    .collect();
+                format!("set_mixture {}: {}", m.column(), shares.join(" "))
+            }
+            None => "set_mixture: none".to_string(),
+        };
+        let parts = on.partition_entries();
+        let base = on.number();
+        drop(on);
+        self.commit(
+            Population::Stored(&parts),
+            &note,
+            base,
+            force,
+            mixture.as_ref(),
+        )
     }
 
     /// How a stream of rows derived from `base` (a snapshot of this
@@ -422,7 +474,18 @@ impl Dataset {
         }
         let mass = partitions.iter().map(|p| p.mass.unwrap_or(0.0)).sum();
         validate::check_total(rows, mass)?;
-        self.commit(Population::Stored(&partitions), note, base, force)
+        let names: Vec<&str> = partitions
+            .first()
+            .map(|p| p.columns.iter().map(|c| c.name.as_str()).collect())
+            .unwrap_or_default();
+        let mixture = carried(&self.snapshot(), |name| names.contains(&name))?;
+        self.commit(
+            Population::Stored(&partitions),
+            note,
+            base,
+            force,
+            mixture.as_ref(),
+        )
     }
 
     /// Commit `population` on `base` (see [`Dataset::update`]).
@@ -432,6 +495,7 @@ impl Dataset {
         note: &str,
         base: u64,
         force: bool,
+        mixture: Option<&Mixture>,
     ) -> Result<Arc<Snapshot>> {
         // The commit lock first, the active snapshot only to swap it: readers
         // of `snapshot()` never wait for another process's commit.
@@ -452,13 +516,22 @@ impl Dataset {
             .map_or(0, |n| n + 1);
         let dir = &self.snapshot_dir;
         let number = match population {
-            Population::Made(made) => snapshot::publish(dir, made, next, note, Some(head))?,
+            Population::Made(made) => {
+                snapshot::publish(dir, made, next, note, Some(head), mixture)?
+            }
             Population::Stored(parts) => {
                 stream::check_present(dir, parts)?;
-                snapshot::write_manifest(dir, parts, next, note, Some(head))?
+                snapshot::write_manifest(dir, parts, next, note, Some(head), mixture)?
             }
         };
         let snapshot = Arc::new(Snapshot::open(&self.snapshot_dir, number)?);
+        // a mixture carried over an update: each group of positive share
+        // still has a row to draw (else the head never names this snapshot)
+        if let Some(Err(e)) = mixture.map(|m| mixture::check(&snapshot, m)) {
+            let path = self.snapshot_dir.join(Snapshot::file_name(number));
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
         commit::write_head(&self.snapshot_dir, number, &guard)?;
         if self.mirror.is_none() {
             commit::record_committed(&self.snapshot_dir, number, &guard)?;
@@ -561,8 +634,8 @@ impl Dataset {
         Ok(tags)
     }
 
-    /// Delete every snapshot except the newest `keep`, the tagged ones, the
-    /// head and the active one, then every column and alias file no
+    /// Delete every snapshot except the newest `keep`, the tagged ones, those
+    /// a run's schedule names, the head and the active one, then every column and alias file no
     /// remaining snapshot uses, and the partitions built with caches
     /// (`prepare_partitions`) that no snapshot directory beside this one
     /// links. Returns the deleted snapshot numbers. Holds
@@ -584,6 +657,8 @@ impl Dataset {
             numbers.iter().rev().take(keep).copied().collect();
         kept.extend(self.tags()?.values().copied());
         kept.extend(leased.numbers.iter().copied());
+        // what runs drew from, for `exposures` (removing runs/<run> lets it go)
+        kept.extend(schedule::named_snapshots(&self.snapshot_dir)?);
         kept.insert(active);
         kept.insert(self.head()?);
         let removed: Vec<u64> = numbers
@@ -759,5 +834,18 @@ impl Dataset {
         self.cache_position(cache_id)?;
         let data = self.caches.take(&[cache_id], &[sample_id], 1)?;
         Ok(data.value(0).to_vec())
+    }
+}
+
+/// The mixture an update of `active` keeps: its own, while the update
+/// keeps the grouping column (`has`); an update that drops it is refused.
+fn carried(active: &Snapshot, has: impl Fn(&str) -> bool) -> Result<Option<Mixture>> {
+    match active.mixture() {
+        Some(m) if !has(m.column()) => Err(Error::invalid(format!(
+            "snapshot {} draws by a mixture of column {:?}, which this update drops: keep the              column, or clear the mixture first (set_mixture(None))",
+            active.number(),
+            m.column()
+        ))),
+        other => Ok(other.cloned()),
     }
 }

@@ -18,6 +18,7 @@ use arrow::buffer::ScalarBuffer;
 use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef};
 use xxhash_rust::xxh3::Xxh3;
 
+use super::mixture::{Mixture, MixtureLines};
 use super::ranges::ColumnRange;
 use crate::sample::{
     mass, AliasTable, DrawPlan, EpochSampler, PartitionSource, PartitionedWeights, Sampling,
@@ -32,8 +33,13 @@ const HEADER: &str = "datasetrt-snapshot";
 /// Version 2 adds per-column checksums and lengths, `parent`, and escaping;
 /// version 3 partitions (`partition=<rows>` before each partition's columns);
 /// version 4 each partition's weight mass (`partition=<rows> <mass>`), so
-/// that weighted draws pick a partition before reading any of its weights.
-const VERSION: u32 = 4;
+/// that weighted draws pick a partition before reading any of its weights;
+/// version 5 a mixture (`mixture=` and `group=` lines), written only by a
+/// snapshot that has one, so that a build that would draw without it
+/// refuses the snapshot.
+const VERSION: u32 = 5;
+/// The version of a manifest without a mixture.
+const VERSION_PLAIN: u32 = 4;
 pub const COLUMNS_DIR: &str = "columns";
 
 /// One immutable population: `cache_id`, `sample_id`, user columns, `weight`,
@@ -56,12 +62,14 @@ pub struct Snapshot {
     note: String,
     created_unix_ms: u64,
     parent: Option<u64>,
+    /// Target shares of groups of rows, if the population has them.
+    mixture: Option<Mixture>,
     rows_by_sample: OnceLock<Vec<Vec<u64>>>,
     /// Weighted and balanced draws: the partitions' masses, each
     /// partition's alias table and block sums made when a draw first lands
     /// there.
     partitioned: OnceLock<Arc<PartitionedWeights>>,
-    /// The epoch samplers built last, by (sampling, seed, epoch, epoch_len):
+    /// The epoch samplers built last, by [`SamplerKey`]:
     /// a loader's draws and its read-ahead walk the same epoch, and a sorted
     /// order (weighted without replacement, balanced) is built once for both.
     samplers: Mutex<Vec<(SamplerKey, EpochSampler)>>,
@@ -398,7 +406,8 @@ fn open_column(dir: &Path, entry: &ColumnEntry) -> Result<(Field, Column)> {
 
 pub const NO_ROW: u64 = u64::MAX;
 
-type SamplerKey = (Sampling, u64, u64, u64);
+/// (by the mixture, sampling, seed, epoch, epoch_len)
+type SamplerKey = (bool, Sampling, u64, u64, u64);
 
 /// Samplers a snapshot keeps: this epoch's and the next one's (the remote
 /// read-ahead plans past the epoch's end).
@@ -1028,6 +1037,8 @@ pub struct Manifest {
     /// The manifest's format version (1: columns carry no checksum; 3:
     /// partitions).
     pub version: u32,
+    /// Target shares of groups of rows (version 5).
+    pub mixture: Option<Mixture>,
 }
 
 impl Manifest {
@@ -1228,6 +1239,7 @@ pub fn publish(
     number: u64,
     note: &str,
     parent: Option<u64>,
+    mixture: Option<&Mixture>,
 ) -> Result<u64> {
     let mut known = Known::of_parent(dir, parent);
     let partitions = population
@@ -1237,7 +1249,7 @@ pub fn publish(
             store_partition(dir, &batch, hashes, &mut known)
         })
         .collect::<Result<Vec<_>>>()?;
-    write_manifest(dir, &partitions, number, note, parent)
+    write_manifest(dir, &partitions, number, note, parent, mixture)
 }
 
 /// Write the manifest of a population of `partitions` (their column files
@@ -1249,6 +1261,7 @@ pub(super) fn write_manifest(
     number: u64,
     note: &str,
     parent: Option<u64>,
+    mixture: Option<&Mixture>,
 ) -> Result<u64> {
     let rows: usize = partitions.iter().map(|p| p.rows).sum();
     let names: Vec<String> = partitions
@@ -1263,7 +1276,11 @@ pub(super) fn write_manifest(
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0);
-    let mut body = format!("{HEADER} {VERSION}\nrows={rows}\ncreated_unix_ms={created}\n");
+    let version = match mixture {
+        Some(_) => VERSION,
+        None => VERSION_PLAIN,
+    };
+    let mut body = format!("{HEADER} {version}\nrows={rows}\ncreated_unix_ms={created}\n");
     match parent {
         Some(p) => {
             let _ = writeln!(body, "parent={p}");
@@ -1276,7 +1293,14 @@ pub(super) fn write_manifest(
         .zip(&hashes)
         .map(|(p, h)| (p.rows, h.as_slice()))
         .collect();
-    let _ = writeln!(body, "fingerprint={}", fingerprint(rows, &names, &parts));
+    let mut print = fingerprint(rows, &names, &parts);
+    if let Some(m) = mixture {
+        print = m.fingerprint(&print);
+    }
+    let _ = writeln!(body, "fingerprint={print}");
+    if let Some(m) = mixture {
+        m.write_lines(&mut body);
+    }
     for part in partitions {
         write_partition(&mut body, part);
     }
@@ -1479,8 +1503,10 @@ pub fn read_manifest(dir: &Path, number: u64) -> Result<Manifest> {
             _ => Vec::new(),
         },
         version,
+        mixture: None,
     };
     let mut rows = None;
+    let mut mixture = MixtureLines::default();
     for line in body.lines().skip(1) {
         let (key, value) = line
             .split_once('=')
@@ -1510,9 +1536,11 @@ pub fn read_manifest(dir: &Path, number: u64) -> Result<Manifest> {
             "partition" | "column" | "range" => {
                 partition_line(key, value, version, &mut manifest.partitions).map_err(bad)?
             }
+            "mixture" | "group" if version >= 5 => mixture.line(key, value).map_err(bad)?,
             _ => {}
         }
     }
+    manifest.mixture = mixture.finish().map_err(bad)?;
     if let Some(entry) = manifest
         .columns()
         .find(|c| c.hash.len() != 32 || !c.hash.bytes().all(|b| b.is_ascii_hexdigit()))
@@ -1689,6 +1717,7 @@ impl Snapshot {
             note: manifest.note,
             created_unix_ms: manifest.created_unix_ms,
             parent: manifest.parent,
+            mixture: manifest.mixture,
             rows_by_sample: OnceLock::new(),
             partitioned: OnceLock::new(),
             samplers: Mutex::default(),
@@ -1714,6 +1743,28 @@ impl Snapshot {
     /// The head this snapshot was committed on, if recorded.
     pub fn parent(&self) -> Option<u64> {
         self.parent
+    }
+
+    /// The target shares of groups of rows the population is drawn by.
+    pub fn mixture(&self) -> Option<&Mixture> {
+        self.mixture.as_ref()
+    }
+
+    /// The partitions as the manifest names them: what a commit of the
+    /// same rows (another mixture) names again.
+    pub fn partition_entries(&self) -> Vec<PartitionEntry> {
+        self.partitions.iter().map(|p| p.entry.clone()).collect()
+    }
+
+    /// The content hashes of columns `names` in every partition (a column
+    /// it lacks contributes nothing): what identifies their values.
+    pub fn column_files(&self, names: &[&str]) -> Vec<String> {
+        self.partitions
+            .iter()
+            .flat_map(|p| p.entry.columns.iter())
+            .filter(|c| names.contains(&c.name.as_str()))
+            .map(|c| format!("{}:{}", c.name, c.hash))
+            .collect()
     }
 
     pub fn number(&self) -> u64 {
@@ -1859,7 +1910,7 @@ impl Snapshot {
     }
 
     /// The snapshot's directory (its manifest's).
-    fn dir(&self) -> &Path {
+    pub fn dir(&self) -> &Path {
         self.path.parent().unwrap_or(Path::new("."))
     }
 
@@ -1953,14 +2004,15 @@ impl Snapshot {
     /// given, else the mode's default (the population's size, or for
     /// `balanced` the classes times the largest class).
     pub fn epoch_len(&self, sampling: Sampling, epoch_len: Option<u64>) -> Result<u64> {
-        match epoch_len {
-            Some(len) => Ok(len),
-            None => sampling.default_epoch_len(self.rows, &|| self.weights()),
+        match (epoch_len, &self.mixture) {
+            (Some(len), _) => Ok(len),
+            (None, Some(m)) => super::mixture::default_epoch_len(self, m),
+            (None, None) => sampling.default_epoch_len(self.rows, &|| self.weights()),
         }
     }
 
     /// The sampler of epoch `epoch` of `sampling` over this population: draw
-    /// `k` is row `sampler.row(k)`.
+    /// `k` is row `sampler.row(k)`. Under a mixture, the mixture's draws.
     pub fn sampler(
         &self,
         sampling: Sampling,
@@ -1968,25 +2020,51 @@ impl Snapshot {
         epoch: u64,
         epoch_len: u64,
     ) -> Result<EpochSampler> {
-        let key = (sampling, seed, epoch, epoch_len);
+        self.kept_sampler(self.mixture.as_ref(), (sampling, seed, epoch, epoch_len))
+    }
+
+    /// The sampler of `sampling` over this population's rows by their
+    /// weights alone, whatever its mixture: a run's segment without a
+    /// mixture drawn through a snapshot of the same rows that has one.
+    pub fn plain_sampler(
+        &self,
+        sampling: Sampling,
+        seed: u64,
+        epoch: u64,
+        epoch_len: u64,
+    ) -> Result<EpochSampler> {
+        self.kept_sampler(None, (sampling, seed, epoch, epoch_len))
+    }
+
+    fn kept_sampler(
+        &self,
+        mixture: Option<&Mixture>,
+        (sampling, seed, epoch, epoch_len): (Sampling, u64, u64, u64),
+    ) -> Result<EpochSampler> {
+        let key = (mixture.is_some(), sampling, seed, epoch, epoch_len);
         // held while building: a second user of the same epoch waits and reuses it
         let mut kept = self.samplers.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, sampler)) = kept.iter().find(|(k, _)| *k == key) {
             return Ok(sampler.clone());
         }
-        let partitioned = match sampling {
-            Sampling::Replacement | Sampling::Balanced => Some(self.partitioned()?),
-            _ => None,
+        let sampler = match mixture {
+            Some(m) => super::mixture::sampler(self, m, sampling, seed, epoch)?,
+            None => {
+                let partitioned = match sampling {
+                    Sampling::Replacement | Sampling::Balanced => Some(self.partitioned()?),
+                    _ => None,
+                };
+                EpochSampler::new(
+                    sampling,
+                    self.rows,
+                    &|| self.weights(),
+                    partitioned.as_ref(),
+                    seed,
+                    epoch,
+                    epoch_len,
+                )?
+            }
         };
-        let sampler = EpochSampler::new(
-            sampling,
-            self.rows,
-            &|| self.weights(),
-            partitioned.as_ref(),
-            seed,
-            epoch,
-            epoch_len,
-        )?;
         if kept.len() >= KEPT_SAMPLERS {
             kept.remove(0);
         }

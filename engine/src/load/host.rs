@@ -152,6 +152,8 @@ fn parse(text: &str) -> Option<Reader> {
         world_size: u32::try_from(num("world_size")?).ok()?,
         worker: u32::try_from(num("worker")?).ok()?,
         num_workers: u32::try_from(num("num_workers")?).ok()?,
+        // what the reader draws until its run's schedule changes
+        run: None,
     };
     plan.validate().ok()?;
     Some(Reader {
@@ -179,6 +181,7 @@ mod tests {
             world_size: 2,
             worker,
             num_workers: 4,
+            run: None,
         }
     }
 

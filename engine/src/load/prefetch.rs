@@ -224,6 +224,11 @@ pub fn start(
     plan: DrawPlan,
     progress: Arc<Progress>,
 ) -> Result<Option<tokio::task::JoinHandle<()>>> {
+    if plan.run.is_some() {
+        // a run that follows the head learns a block's snapshot only when
+        // it claims the block: there is no known future to read ahead
+        return Ok(None);
+    }
     let remotes = replicas(&caches);
     if remotes.is_empty() {
         let handle = remote::spawn(async move {

@@ -51,6 +51,9 @@ pub struct LoaderRequest {
     /// Decoded bytes buffered ahead (default: 64 MiB over `num_workers`).
     pub prefetch_bytes: Option<u64>,
     pub prefetch_batches: u64,
+    /// Follow the head within each epoch under this run's schedule
+    /// ([`crate::catalog::schedule`]).
+    pub run: Option<String>,
 }
 
 impl Default for LoaderRequest {
@@ -72,6 +75,7 @@ impl Default for LoaderRequest {
             threads: None,
             prefetch_bytes: None,
             prefetch_batches: DEFAULT_PREFETCH_BATCHES as u64,
+            run: None,
         }
     }
 }
@@ -107,6 +111,9 @@ impl LoaderRequest {
         if let Some(n) = self.prefetch_bytes {
             in_range("prefetch_bytes", n, 1, i64::MAX as u64)?;
         }
+        if let Some(run) = &self.run {
+            crate::catalog::schedule::check_run(run)?;
+        }
         in_range(
             "prefetch_batches",
             self.prefetch_batches,
@@ -130,6 +137,7 @@ impl LoaderRequest {
             world_size: self.world_size,
             worker: self.worker,
             num_workers: self.num_workers,
+            run: self.run.clone(),
         }
     }
 

@@ -13,10 +13,12 @@ use crate::{Error, Result};
 /// The `format` key of every loader state.
 pub const STATE_FORMAT: &str = "datasetrt-loader-state";
 
-/// The layout of the state this build writes (it reads this and version 1).
-/// Version 2 adds `draws`, the draw scheme ([`DRAW_SCHEME`]); a version-1
-/// state drew by scheme 1.
-pub const STATE_VERSION: u64 = 2;
+/// The layout of the state this build writes (it reads this and versions 1
+/// and 2). Version 2 adds `draws`, the draw scheme ([`DRAW_SCHEME`]); a
+/// version-1 state drew by scheme 1. Version 3 adds `run`, the run whose
+/// schedule the epoch follows (written only by such a state, so that a
+/// build that would resume it without the schedule refuses it).
+pub const STATE_VERSION: u64 = 3;
 
 /// The keys a state must have (`batch_size` is informational).
 const STATE_KEYS: [&str; 7] = [
@@ -76,6 +78,8 @@ pub struct LoaderState {
     pub draws: u64,
     /// The reader that took this state, for a state taken inside one.
     pub reader: Option<ReaderPlace>,
+    /// The run whose schedule the epoch follows ([`crate::catalog::schedule`]).
+    pub run: Option<String>,
 }
 
 /// One reader of a loader layout and where it continues on its own.
@@ -96,7 +100,10 @@ impl LoaderState {
         let int = |v: u64| StateValue::Int(v);
         let mut fields = vec![
             ("format", StateValue::Str(STATE_FORMAT.into())),
-            ("version", int(STATE_VERSION)),
+            (
+                "version",
+                int(if self.run.is_some() { STATE_VERSION } else { 2 }),
+            ),
             ("seed", int(self.seed)),
             ("epoch", int(self.epoch)),
             ("sampling", StateValue::Str(self.sampling.name().into())),
@@ -107,6 +114,9 @@ impl LoaderState {
             ("position", int(self.position)),
             ("draws", int(self.draws)),
         ];
+        if let Some(run) = &self.run {
+            fields.push(("run", StateValue::Str(run.clone())));
+        }
         if let Some(place) = &self.reader {
             let reader = [
                 ("rank", u64::from(place.rank)),
@@ -210,6 +220,18 @@ impl LoaderState {
                 _ => int("draws", u64::MAX)?,
             },
             reader,
+            run: match fields.get("run") {
+                None => None,
+                Some(StateValue::Str(run)) if version >= 3 => {
+                    crate::catalog::schedule::check_run(run)?;
+                    Some(run.clone())
+                }
+                Some(_) => {
+                    return Err(Error::invalid(
+                        "the state's run must be a string (in a state of version 3)",
+                    ))
+                }
+            },
         })
     }
 
@@ -227,6 +249,7 @@ impl LoaderState {
             position: plan.position_after(batches),
             draws: DRAW_SCHEME,
             reader: None,
+            run: plan.run.clone(),
         }
     }
 
@@ -296,6 +319,7 @@ impl LoaderState {
             epoch: self.epoch,
             epoch_len: self.epoch_len,
             start_block: 0,
+            run: self.run.clone(),
             ..reader.clone()
         };
         if let Some(place) = &self.reader {
@@ -352,6 +376,7 @@ mod tests {
             fingerprint: "abc".into(),
             position: 128,
             draws: DRAW_SCHEME,
+            run: None,
             reader: reader.then_some(ReaderPlace {
                 rank: 1,
                 world_size: 2,
@@ -375,9 +400,20 @@ mod tests {
             let s = state(reader);
             let f = s.to_fields();
             assert_eq!(f[0], ("format", StateValue::Str(STATE_FORMAT.into())));
-            assert_eq!(f[1], ("version", StateValue::Int(STATE_VERSION)));
+            assert_eq!(f[1], ("version", StateValue::Int(2)));
             assert_eq!(LoaderState::from_fields(&fields(&s), "?").unwrap(), s);
         }
+        // a state that follows a run's schedule is version 3: older builds refuse it
+        let s = LoaderState {
+            run: Some("exp-7".into()),
+            ..state(false)
+        };
+        let f = s.to_fields();
+        assert_eq!(f[1], ("version", StateValue::Int(3)));
+        assert_eq!(LoaderState::from_fields(&fields(&s), "?").unwrap(), s);
+        let mut bad = fields(&s);
+        bad.insert("run".into(), StateValue::Str("../x".into()));
+        assert!(LoaderState::from_fields(&bad, "?").is_err());
     }
 
     #[test]
@@ -417,7 +453,8 @@ mod tests {
             }
         };
         refused(&set("format", StateValue::Str("x".into())), "not {...}");
-        refused(&set("version", StateValue::Int(3)), "format version 3");
+        refused(&set("version", StateValue::Int(4)), "format version 4");
+        refused(&set("run", StateValue::Int(1)), "run must be a string");
         refused(&|f| drop(f.remove("draws")), "draws must be an int");
         refused(
             &|f| drop(f.remove("fingerprint")),

@@ -98,6 +98,17 @@ impl LiveQuery {
         self.change(|d| d.update(schema, batches, note, base, force))
     }
 
+    /// Commit the active population again with `mixture`
+    /// ([`Dataset::set_mixture`]).
+    pub fn set_mixture(
+        &self,
+        mixture: Option<crate::catalog::Mixture>,
+        base: Option<u64>,
+        force: bool,
+    ) -> Result<Arc<Snapshot>> {
+        self.change(|d| d.set_mixture(mixture, base, force))
+    }
+
     /// Make the head's snapshot active here.
     pub fn refresh(&self) -> Result<Arc<Snapshot>> {
         self.change(Dataset::refresh)

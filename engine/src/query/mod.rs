@@ -184,10 +184,16 @@ impl QuerySession {
         Ok(session)
     }
 
-    /// Point table `metadata` at `snapshot`.
+    /// Point table `metadata` at `snapshot`, and table `mixture` at its
+    /// mixture (`column`, `value`, `share`; no rows without one).
     pub fn set_snapshot(&self, snapshot: &Arc<Snapshot>) -> Result<()> {
         let table = MetadataTable::new(snapshot.clone(), self.partitions);
         self.tables.replace("metadata", Arc::new(table));
+        let (schema, batch) = tables::mixture_table(snapshot.mixture())?;
+        self.tables.replace(
+            "mixture",
+            Arc::new(MemTable::try_new(schema, vec![vec![batch]])?),
+        );
         Ok(())
     }
 

@@ -53,6 +53,11 @@ pub(crate) fn refuse_reserved(name: &str) -> DfResult<()> {
         "payloads" => Err(DataFusionError::Plan(
             "table payloads is the stored samples; it cannot be created or dropped".into(),
         )),
+        "mixture" => Err(DataFusionError::Plan(
+            "table mixture is the active population's target shares; change them with \
+             set_mixture(), not CREATE or DROP"
+                .into(),
+        )),
         _ => Ok(()),
     }
 }
@@ -99,4 +104,35 @@ impl SchemaProvider for Tables {
     fn table_exist(&self, name: &str) -> bool {
         self.get(name).is_some()
     }
+}
+
+/// Table `mixture`: the target share of each group of `mixture` (no rows
+/// for a population drawn by its weights alone).
+pub(crate) fn mixture_table(
+    mixture: Option<&crate::catalog::Mixture>,
+) -> crate::Result<(arrow::datatypes::SchemaRef, arrow::array::RecordBatch)> {
+    use arrow::array::{Float64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("column", DataType::Utf8, false),
+        Field::new("value", DataType::Utf8, false),
+        Field::new("share", DataType::Float64, false),
+    ]));
+    let (columns, values, shares) = match mixture {
+        Some(m) => (
+            vec![m.column(); m.values().len()],
+            m.values().iter().map(String::as_str).collect(),
+            (0..m.values().len()).map(|g| m.shares().share(g)).collect(),
+        ),
+        None => (Vec::new(), Vec::new(), Vec::new()),
+    };
+    let batch = arrow::array::RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(StringArray::from(columns)),
+            Arc::new(StringArray::from(values)),
+            Arc::new(Float64Array::from(shares)),
+        ],
+    )?;
+    Ok((schema, batch))
 }

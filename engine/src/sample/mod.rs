@@ -3,6 +3,7 @@
 //! any split of `k` over ranks and workers gives the same global sequence.
 
 mod alias;
+mod mixture;
 mod modes;
 mod partitioned;
 mod plan;
@@ -10,8 +11,9 @@ mod rng;
 mod weights;
 
 pub use alias::AliasTable;
+pub use mixture::{Group, Interleave, MixtureDraws, Shares, MAX_GROUPS, SHARE_WHOLE};
 pub use modes::{EpochSampler, Permutation, Sampling, DRAW_SCHEME};
 pub use partitioned::{PartitionSource, PartitionedWeights};
 pub use plan::DrawPlan;
-pub use rng::{draw_bits, unit_f64};
+pub use rng::{draw_bits, mix_key, unit_f64};
 pub use weights::{mass, Weights};

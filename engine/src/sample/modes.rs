@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::mixture::MixtureDraws;
 use super::partitioned::PartitionedWeights;
 use super::rng::{draw_bits, mix64, unit_f64};
 use super::Weights;
@@ -24,7 +25,7 @@ use crate::{Error, Result};
 pub const DRAW_SCHEME: u64 = 3;
 
 /// How the rows of an epoch are drawn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Sampling {
     /// Weighted, with replacement (alias tables: one over the partitions'
     /// masses, one per partition). The default.
@@ -184,6 +185,8 @@ enum Kind {
     Weighted {
         order: Arc<[u32]>,
     },
+    /// Groups at target shares, each drawn by its own sampler.
+    Mixture(Arc<MixtureDraws>),
 }
 
 /// The most rows `WeightedWithoutReplacement` draws from: each process
@@ -191,6 +194,23 @@ enum Kind {
 const MAX_ROWS_SORTED: usize = u32::MAX as usize;
 
 impl EpochSampler {
+    /// The sampler of a mixture: draw `k` is [`MixtureDraws::draw`]'s row.
+    pub fn mixture(seed: u64, epoch: u64, draws: Arc<MixtureDraws>) -> EpochSampler {
+        EpochSampler {
+            seed,
+            epoch,
+            kind: Kind::Mixture(draws),
+        }
+    }
+
+    /// The mixture this sampler draws from, if it draws from one.
+    pub fn mixture_draws(&self) -> Option<&Arc<MixtureDraws>> {
+        match &self.kind {
+            Kind::Mixture(draws) => Some(draws),
+            _ => None,
+        }
+    }
+
     /// The sampler over a population of `rows` rows. `weights` is asked
     /// for only by the modes that need every weight (not `Permutation`, nor
     /// `Replacement` and `Balanced` given the population's `partitioned`
@@ -305,6 +325,7 @@ impl EpochSampler {
                 weights.balanced_row(*len, p, u, key)?
             }
             Kind::Weighted { order } => u64::from(order[(k % order.len() as u64) as usize]),
+            Kind::Mixture(draws) => draws.draw(k)?.1,
         })
     }
 

@@ -32,6 +32,9 @@ pub struct DrawPlan {
     pub world_size: u32,
     pub worker: u32,
     pub num_workers: u32,
+    /// The run whose schedule the epoch follows (a loader that follows the
+    /// head within the epoch), if any.
+    pub run: Option<String>,
 }
 
 impl DrawPlan {
@@ -204,6 +207,7 @@ mod tests {
             world_size: world,
             worker,
             num_workers: workers,
+            run: None,
         }
     }
 

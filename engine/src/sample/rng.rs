@@ -16,6 +16,16 @@ pub fn draw_bits(seed: u64, epoch: u64, k: u64) -> u64 {
     mix64(mix64(stream ^ k.wrapping_mul(0xd1b5_4a32_d192_ed03)).wrapping_add(k))
 }
 
+/// A seed of its own for the stream named `name` under `seed` (a mixture's
+/// group, by its value).
+pub fn mix_key(seed: u64, name: &[u8]) -> u64 {
+    // FNV-1a, then mixed with the seed
+    let h = name.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    mix64(seed ^ mix64(h ^ 0x6d69_7874_7572_6521))
+}
+
 /// A uniform float in [0, 1) from 53 of the given bits.
 #[inline]
 pub fn unit_f64(bits: u64) -> f64 {

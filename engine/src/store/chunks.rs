@@ -168,9 +168,10 @@ impl ChunkTable {
     }
 }
 
-/// This user's directory of host records in shared memory, if there is
-/// shared memory and the directory is this user's.
-pub fn verified_dir() -> Option<PathBuf> {
+/// This user's directory of what a host's processes share in shared
+/// memory (`/dev/shm/datasetrt-<uid>`), if there is shared memory and the
+/// directory is this user's.
+pub fn host_dir() -> Option<PathBuf> {
     use std::os::unix::fs::MetadataExt;
     let shm = Path::new("/dev/shm");
     // SAFETY: getuid has no preconditions and cannot fail.
@@ -179,9 +180,14 @@ pub fn verified_dir() -> Option<PathBuf> {
     match std::fs::symlink_metadata(&mine) {
         // another user's directory under this name vouches for nothing
         Ok(meta) if !meta.is_dir() || meta.uid() != uid => None,
-        Ok(_) => Some(mine.join("verified")),
-        Err(_) => shm.is_dir().then(|| mine.join("verified")),
+        Ok(_) => Some(mine),
+        Err(_) => shm.is_dir().then_some(mine),
     }
+}
+
+/// This user's directory of host records in shared memory (in [`host_dir`]).
+pub fn verified_dir() -> Option<PathBuf> {
+    host_dir().map(|d| d.join("verified"))
 }
 
 /// The name of the host's records about the current version of `file`: its

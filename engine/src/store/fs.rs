@@ -332,6 +332,17 @@ pub fn lock_shared(path: &Path) -> Result<File> {
     lock(path, libc::LOCK_SH)
 }
 
+/// [`lock_exclusive`] if nobody holds `path` now, else `None` at once.
+pub fn try_lock_exclusive(path: &Path) -> Result<Option<File>> {
+    match lock(path, libc::LOCK_EX | libc::LOCK_NB) {
+        Ok(file) => Ok(Some(file)),
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::WouldBlock => {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn lock(path: &Path, operation: libc::c_int) -> Result<File> {
     use std::os::fd::AsRawFd;
     let file = fs::OpenOptions::new()

@@ -20,6 +20,7 @@ fn reader(batch_size: usize, world_size: u32, rank: u32) -> DrawPlan {
         world_size,
         worker: 0,
         num_workers: 1,
+        run: None,
     }
 }
 

@@ -71,6 +71,7 @@ fn draw_plans() -> impl Strategy<Value = DrawPlan> {
                     world_size,
                     worker: 0,
                     num_workers,
+                    run: None,
                 }
             },
         )

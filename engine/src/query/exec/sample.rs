@@ -23,6 +23,9 @@ use futures::StreamExt;
 
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 
+use std::collections::BTreeMap;
+
+use crate::catalog::schedule::{Schedule, Segments};
 use crate::catalog::Snapshot;
 use crate::sample::{DrawPlan, EpochSampler};
 use crate::Result;
@@ -33,6 +36,7 @@ pub fn draws_schema() -> SchemaRef {
         Field::new("row", DataType::UInt64, false),
         Field::new("cache_id", DataType::Int64, false),
         Field::new("sample_id", DataType::Int64, false),
+        Field::new("snapshot", DataType::UInt64, false),
     ]))
 }
 
@@ -56,8 +60,66 @@ fn draw_block(
         Arc::new(UInt64Array::from(rows)),
         Arc::new(cache_ids),
         Arc::new(sample_ids),
+        Arc::new(UInt64Array::from_value(
+            snapshot.number(),
+            (end - start) as usize,
+        )),
     ];
     Ok(RecordBatch::try_new(draws_schema(), columns)?)
+}
+
+/// A reader of a run that follows the head within the epoch: the run's
+/// schedule, the segments of the epoch taken from it so far, and the
+/// snapshots they opened.
+struct Following {
+    schedule: Schedule,
+    segments: Segments,
+    opened: BTreeMap<String, Arc<Snapshot>>,
+    /// The end of the last block this reader drew.
+    drawn_through: u64,
+}
+
+impl Following {
+    fn new(snapshot: &Snapshot, run: &str) -> Result<Following> {
+        Ok(Following {
+            schedule: Schedule::open(snapshot.dir(), run)?,
+            segments: Segments::default(),
+            opened: BTreeMap::new(),
+            drawn_through: 0,
+        })
+    }
+
+    /// Block `b`, each draw from the snapshot the schedule gives it (the
+    /// `row` column counts that snapshot's rows).
+    fn block(&mut self, planned: &Snapshot, plan: &DrawPlan, b: u64) -> Result<RecordBatch> {
+        let (start, end) = plan.block_range(b);
+        let dir = planned.dir();
+        let entries = self.schedule.claim(plan.epoch, end, planned)?;
+        self.segments.extend(dir, &entries, self.drawn_through)?;
+        let how = (plan.sampling, plan.seed, plan.epoch, plan.epoch_len);
+        let n = (end - start) as usize;
+        let (mut rows, mut numbers) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut cache_ids, mut sample_ids) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for k in start..end {
+            let i = self.segments.of(k);
+            let (snapshot, _) = self.segments.drawer(i, dir, &mut self.opened, how)?;
+            let row = self.segments.row(i, k)?;
+            let (c, s) = snapshot.identity(row as usize)?;
+            rows.push(row);
+            numbers.push(self.segments.number(i));
+            cache_ids.push(c);
+            sample_ids.push(s);
+        }
+        self.drawn_through = end;
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(UInt64Array::from_iter_values(start..end)),
+            Arc::new(UInt64Array::from(rows)),
+            Arc::new(Int64Array::from(cache_ids)),
+            Arc::new(Int64Array::from(sample_ids)),
+            Arc::new(UInt64Array::from(numbers)),
+        ];
+        Ok(RecordBatch::try_new(draws_schema(), columns)?)
+    }
 }
 
 /// Source node: this reader's draws of one epoch, one batch per block.
@@ -139,7 +201,7 @@ impl ExecutionPlan for SampleExec {
         Ok(Arc::new(
             Statistics::new_unknown(&draws_schema())
                 .with_num_rows(Precision::Exact(rows))
-                .with_total_byte_size(Precision::Inexact(rows * 28)),
+                .with_total_byte_size(Precision::Inexact(rows * 36)),
         ))
     }
 
@@ -183,8 +245,17 @@ impl ExecutionPlan for SampleExec {
         let build = MetricBuilder::new(&self.metrics).subset_time("sampler_build_time", partition);
         // The sampler (an alias table or a sorted order) is built on first poll.
         let mut sampler: Option<EpochSampler> = None;
+        let mut following = match &plan.run {
+            Some(run) => Some(Following::new(&snapshot, run)?),
+            None => None,
+        };
         let stream = futures::stream::iter(blocks).map(move |b| {
             let _compute = baseline.elapsed_compute().timer();
+            if let Some(following) = following.as_mut() {
+                let batch = following.block(&snapshot, &plan, b)?;
+                baseline.record_output(batch.num_rows());
+                return Ok(batch);
+            }
             if sampler.is_none() {
                 let _build = build.timer();
                 sampler = Some(snapshot.epoch_sampler(&plan)?);

@@ -19,9 +19,9 @@ The rule (docs/README.md says the same for writers):
 Every page runs under a hard timeout (pytest-timeout), and the whole file
 takes a few seconds. Links between the pages are checked too: every relative
 link points to a file that exists, and every page under ``docs/`` is linked
-from the README. And the README's Layout is exact: it names every top-level
-entry, Rust source file and package module, and each module's brackets are
-exactly its run-time imports from the package.
+from the README. And the Layout in docs/ARCHITECTURE.md is exact: it names
+every top-level entry, Rust source file and package module, and each
+module's brackets are exactly its run-time imports from the package.
 """
 
 from __future__ import annotations
@@ -163,10 +163,11 @@ def test_the_readme_links_every_page():
 
 
 def layout() -> str:
-    """The README's Layout picture: the first ``text`` block after ``## Layout``."""
-    readme = ROOT / "README.md"
-    start = readme.read_text().splitlines().index("## Layout") + 1
-    return next(b.code for b in blocks(readme) if b.line > start and b.language == "text")
+    """The Layout picture of docs/ARCHITECTURE.md: the first ``text`` block
+    after ``## Layout``."""
+    page = ROOT / "docs" / "ARCHITECTURE.md"
+    start = page.read_text().splitlines().index("## Layout") + 1
+    return next(b.code for b in blocks(page) if b.line > start and b.language == "text")
 
 
 def test_the_layout_names_every_source_file():
@@ -188,7 +189,7 @@ def test_the_layout_names_every_source_file():
     ignored = {"target", "mod.rs", "main.rs", "Cargo.lock"}  # build output; module lists
     names = {p.stem if p.parent.name == "it" else p.name for p in tracked if p.name not in ignored}
     missing = sorted(n for n in names if not re.search(rf"(?<![\w.]){re.escape(n)}\b", picture))
-    assert not missing, f"the README's Layout does not name {missing}"
+    assert not missing, f"the Layout (docs/ARCHITECTURE.md) does not name {missing}"
 
 
 def test_the_layout_brackets_are_the_imports():
@@ -206,7 +207,7 @@ def test_the_layout_brackets_are_the_imports():
         words = set(re.findall(r"\w+", " ".join(brackets)))
         listed[name] = words & (graph.keys() | set().union(*graph.values()))
     wrong = {
-        m: {"README": sorted(listed.get(m, ())), "imports": sorted(deps)}
+        m: {"Layout": sorted(listed.get(m, ())), "imports": sorted(deps)}
         for m, deps in graph.items()
         if m != "__main__" and listed.get(m) != deps
     }

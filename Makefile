@@ -24,6 +24,17 @@ $(STAMP): Makefile pyproject.toml
 
 venv: $(STAMP)
 
+# The demo's own set-up, and nothing more: maturin, polars and the `demo`
+# extra (numpy, scikit-learn), and the one extension the quickstart imports
+# (not the companion with SQL on workers). `make test` installs the rest.
+DEMO_STAMP := $(VENV)/.datasetrt-demo-deps
+DEMO_DEPS := $(shell python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print(" ".join(f"\"{r}\"" for r in ["maturin>=1.7,<2", *p["dependencies"], *p["optional-dependencies"]["demo"]]))')
+
+$(DEMO_STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet $(DEMO_DEPS)
+	touch $(DEMO_STAMP)
+
 # The extension in the dev profile (what the tests run against), and its
 # companion with SQL on workers (python/distributed/: the same crate with the
 # feature `distributed`, a module of its own; see python/src/runtime.rs).
@@ -35,7 +46,8 @@ develop: $(STAMP)
 release: $(STAMP)
 	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --quiet --release
 
-demo: develop
+demo: $(DEMO_STAMP)
+	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --quiet
 	$(PY) examples/quickstart.py
 
 lint: $(STAMP)
@@ -104,3 +116,4 @@ bench: release $(S3S_FS)
 	$(PY) tests/bench/bench_remote.py
 	DATASETRT_TEST_S3S_FS=$(S3S_FS) $(PY) -m pytest -q tests/test_remote.py -k racing
 	$(PY) tests/bench/bench_cold.py
+	$(PY) tests/bench/bench_mixture.py

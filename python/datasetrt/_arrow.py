@@ -79,10 +79,6 @@ def arrow_stream(data: Any, what: str) -> tuple[Any, list[str]]:
     return data, nulls
 
 
-#: Fewer rows than this in a chunk: consecutive chunks go as one piece.
-MIN_PIECE_ROWS = 1 << 16
-
-
 def chunks(data: Any) -> list[Any]:
     """``data`` (from :func:`arrow_stream`) as pieces to export one by one.
 
@@ -92,39 +88,26 @@ def chunks(data: Any) -> list[Any]:
     :meth:`Dataset.get_metadata` gives them: one chunk per partition) goes
     as one slice per chunk of its most chunked column: a column whose chunks
     have those boundaries, or one chunk holding them all (a new column
-    polars computed whole), is exported without a copy. Consecutive chunks
-    of fewer than ``MIN_PIECE_ROWS`` rows go together (copied into one: a
-    slice costs time in the number of chunks, so a frame of 70,000 small
-    chunks, ``pl.concat([base] * 70_000)``, sliced chunk by chunk took
-    minutes). Anything else goes whole.
+    polars computed whole), is exported without a copy. Anything else goes
+    whole.
 
-    >>> big = pl.DataFrame({"x": range(MIN_PIECE_ROWS)})
-    >>> parts = pl.concat([big, big, big], rechunk=False)
-    >>> [p.height for p in chunks(parts)] == [MIN_PIECE_ROWS] * 3
-    True
+    >>> a = pl.DataFrame({"x": [1, 2]})
+    >>> parts = pl.concat([a, a, a], rechunk=False)
+    >>> [p.height for p in chunks(parts)]
+    [2, 2, 2]
     >>> whole = parts.with_columns(y=pl.len().over("x"))  # y: one chunk
     >>> [p.n_chunks("all") for p in chunks(whole)]
     [[1, 1], [1, 1], [1, 1]]
-    >>> small = pl.DataFrame({"x": [1, 2]})
-    >>> [p.height for p in chunks(pl.concat([small] * 1000 + [big], rechunk=False))]
-    [2000, 65536]
-    >>> [p.height for p in chunks(pl.concat([small, small], rechunk=True))]
+    >>> [p.height for p in chunks(pl.concat([a, a], rechunk=True))]
     [4]
     """
     if not isinstance(data, pl.DataFrame) or data.width == 0:
         return [data]
     lengths = max((s.chunk_lengths() for s in data.get_columns()), key=len)
-    pieces, start, at = [], 0, 0
-    for n in lengths:
-        if n >= MIN_PIECE_ROWS and at > start:  # a large chunk goes alone
-            pieces.append((start, at))
-            start = at
-        at += n
-        if at - start >= MIN_PIECE_ROWS:
-            pieces.append((start, at))
-            start = at
-    if at > start:
-        pieces.append((start, at))
-    if len(pieces) < 2:
+    if len(lengths) < 2:
         return [data]
-    return [data.slice(a, b - a) for a, b in pieces]
+    pieces, at = [], 0
+    for n in lengths:
+        pieces.append(data.slice(at, n))
+        at += n
+    return pieces

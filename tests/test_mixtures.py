@@ -85,7 +85,7 @@ def test_the_mixture_is_versioned_with_the_population(mixed):
     plain = delivered(mixed, epoch_len=50)
     number = mixed.set_mixture("source", {"web": 0.6, "code": 0.3, "books": 0.1})
     assert number == mixed.version == mixed.head
-    assert mixed.get_metadata().equals(mixed._metadata_of(before))  # the same rows
+    assert mixed.get_metadata().equals(mixed.get_metadata(before))  # the same rows
     shown = mixed.mixture()
     assert shown.to_dicts() == [
         {"column": "source", "value": "web", "share": 0.6},

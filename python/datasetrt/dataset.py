@@ -126,7 +126,17 @@ class Dataset:
             state["paths"], state["snapshot_dir"], workers=state.get("workers", ()), **remote
         )
         if self.version != state["snapshot"]:
-            self._native.pin(state["snapshot"])  # this process only: the head stays
+            self.pin(state["snapshot"])  # this process only: the head stays
+
+    @property
+    def paths(self) -> list[str]:
+        """The cache roots this dataset was opened with (local paths or URLs)."""
+        return list(self._paths)
+
+    @property
+    def is_remote(self) -> bool:
+        """Whether a cache root is in a bucket (a URL), not on a local disk."""
+        return any("://" in p for p in self._paths)
 
     # -- the population --------------------------------------------------------
     @property
@@ -194,22 +204,21 @@ class Dataset:
         names = ", ".join(c["name"] for c in self.caches)
         return f"<datasetrt.Dataset [{names}] snapshot {self.version}, {len(self)} rows>"
 
-    def get_metadata(self) -> pl.DataFrame:
-        """The active population as a polars DataFrame (zero-copy over the snapshot file).
+    def get_metadata(self, version: int | str | None = None) -> pl.DataFrame:
+        """The active population (or snapshot ``version``'s: a number or a tag)
+        as a polars DataFrame, zero-copy over the snapshot's files.
 
         Columns: ``cache_id``, ``sample_id``, the sources' metadata keys, any
-        columns added by updates, and ``weight``.
+        columns added by updates, and ``weight``. The active snapshot's frame
+        is kept, so asking again costs nothing.
         """
-        version = self.version
-        if self._frame is None or self._frame[0] != version:
-            self._frame = (version, pl.DataFrame(self._native.get_metadata()))
+        active = self.version
+        number = active if version is None else self.resolve(version)
+        if number != active:
+            return pl.DataFrame(self._native.get_metadata(number))
+        if self._frame is None or self._frame[0] != active:
+            self._frame = (active, pl.DataFrame(self._native.get_metadata()))
         return self._frame[1]
-
-    def _metadata_of(self, version: int) -> pl.DataFrame:
-        """Snapshot ``version``'s population (the active one's is kept)."""
-        if version == self.version:
-            return self.get_metadata()
-        return pl.DataFrame(self._native.get_metadata(version))
 
     def update_metadata(self, data: Any, *, base: int | None = None, force: bool = False) -> int:
         """Make ``data`` the population and return the new snapshot number.
@@ -296,7 +305,7 @@ class Dataset:
     def mixture(self, version: int | str | None = None) -> pl.DataFrame | None:
         """The mixture of the active snapshot (or ``version``): ``column``,
         ``value``, ``share`` per group; ``None`` when it draws by weights alone."""
-        number = None if version is None else self._resolve(version)
+        number = None if version is None else self.resolve(version)
         found = self._native.mixture(number)
         if found is None:
             return None
@@ -511,6 +520,16 @@ class Dataset:
                 raise
             raise unscored from exc
 
+    def pin(self, version: int | str) -> int:
+        """Read snapshot ``version`` (a number or a tag) as the active one in
+        this process only; returns its number.
+
+        Unlike :meth:`checkout`, the head does not move: other processes, and
+        this one after :meth:`refresh`, see the head as before. Copies of a
+        dataset sent to workers are pinned this way to their parent's snapshot.
+        """
+        return self._native.pin(self.resolve(version))
+
     def checkout(self, version: int | str) -> int:
         """Make an earlier snapshot (a number or a tag) the population again.
 
@@ -518,11 +537,11 @@ class Dataset:
         dataset sees it (a rollback: no snapshot is deleted, and the next
         update is committed on top of it).
         """
-        version = self._resolve(version)
+        version = self.resolve(version)
         return self._native.checkout(check_version(version))
 
-    def _resolve(self, version: int | str, name: str = "snapshot") -> int:
-        """A snapshot number, given one or a tag."""
+    def resolve(self, version: int | str, name: str = "snapshot") -> int:
+        """The snapshot number ``version`` names: a number (checked) or a tag."""
         if isinstance(version, str):
             tags = self._native.tags()
             if version not in tags:
@@ -560,10 +579,10 @@ class Dataset:
         (more rows in ``b``), ``"removed"`` (fewer), or ``"reweighted"`` (as
         many rows, another total weight).
         """
-        a, b = self._resolve(a, "a"), self._resolve(b, "b")
+        a, b = self.resolve(a, "a"), self.resolve(b, "b")
 
         def per_sample(version: int) -> pl.DataFrame:
-            frame = pl.DataFrame(self._native.get_metadata(version))
+            frame = self.get_metadata(version)
             return frame.group_by("cache_id", "sample_id").agg(
                 pl.len().alias("rows"), pl.col("weight").sum().alias("weight")
             )
@@ -715,7 +734,7 @@ class Dataset:
         sample_id = check_int(sample_id, "sample_id", -(1 << 63), (1 << 63) - 1)
         version = self.version
         data, row = self._native.get_item(cache_id, sample_id)
-        return Sample(data, cache_id, sample_id, row, _Frame(lambda: self._metadata_of(version)))
+        return Sample(data, cache_id, sample_id, row, _Frame(lambda: self.get_metadata(version)))
 
     def loader(
         self,
@@ -824,18 +843,22 @@ class Dataset:
         count: int | None = None,
         sampling: str = "replacement",
         epoch_len: int | None = None,
+        version: int | str | None = None,
     ) -> pl.Series:
         """Rows (of :meth:`get_metadata`) of draws ``start .. start + count`` of an epoch.
 
         The global sequence the loaders deliver, without reading a payload:
         ``ds.get_metadata()[ds.draws(7)]`` is the epoch's population in draw order.
+        ``version`` (a number or a tag) draws from that snapshot instead of
+        the active one. The first call for a snapshot and mode builds and
+        stores its draw tables, once for the host.
         """
         if epoch_len is not None:
             epoch_len = check_int(epoch_len, "epoch_len", 1)
         check_text(sampling, "sampling")
+        number = None if version is None else self.resolve(version)
         if count is None:  # one epoch
-            spec = _native.LoaderSpec(seed=0, sampling=sampling, epoch_len=epoch_len)
-            count = self._native.plan(spec).epoch_len
+            count = self.epoch_len(sampling=sampling, epoch_len=epoch_len, version=number)
         table = self._native.draws(
             check_seed(seed),
             check_epoch(epoch),
@@ -843,8 +866,38 @@ class Dataset:
             check_int(count, "count", 0, MAX_DRAWS),
             sampling,
             epoch_len,
+            version=number,
         )
         return pl.DataFrame(table)["row"]
+
+    def epoch_len(
+        self,
+        *,
+        sampling: str = "replacement",
+        epoch_len: int | None = None,
+        version: int | str | None = None,
+    ) -> int:
+        """How many draws one epoch has, as a loader with these options draws
+        it from the active snapshot (or ``version``, a number or a tag); see
+        :meth:`loader` for how ``epoch_len`` defaults."""
+        if epoch_len is not None:
+            epoch_len = check_int(epoch_len, "epoch_len", 1)
+        check_text(sampling, "sampling")
+        number = None if version is None else self.resolve(version)
+        spec = _native.LoaderSpec(seed=0, sampling=sampling, epoch_len=epoch_len, version=number)
+        return self.plan(spec).epoch_len
+
+    # -- the engine's face for loaders and adapters ----------------------------
+    def plan(self, spec: _native.LoaderSpec) -> _native.DrawPlan:
+        """The engine's plan of the draws a ``LoaderSpec`` names: the epoch's
+        length, its blocks and the loader state after each, with no payload
+        read. The torch and Ray adapters use it to split an epoch."""
+        return self._native.plan(spec)
+
+    def start(self, spec: _native.LoaderSpec) -> _native.Loader:
+        """The engine's loader for a ``LoaderSpec``: its batches in draw
+        order (what :class:`datasetrt.Loader` and the Ray adapter wrap)."""
+        return self._native.start(spec)
 
     def to_torch(self, batch_size: int = 64, *, seed: int, epoch: int = 0, **options: Any):
         """A ``torch.utils.data.IterableDataset`` of batches; see :mod:`datasetrt.torch`."""

@@ -283,11 +283,11 @@ class Loader(HtmlRepr):
     def __init__(self, dataset: Dataset, spec: _native.LoaderSpec):
         # one native call checks the request, plans the draws (a resume state
         # is checked against the dataset) and starts reading ahead
-        self._native = dataset._native.start(spec)
+        self._native: _native.Loader = dataset.start(spec)
         self.spec = spec
         self.version = self.plan.version
         version = self.version
-        self._frame = _Frame(lambda: dataset._metadata_of(version))
+        self._frame = _Frame(lambda: dataset.get_metadata(version))
         self._epoch: int = self.plan.epoch
         self._dataset = dataset
         # a loader that follows the head within the epoch: frames by snapshot
@@ -317,7 +317,7 @@ class Loader(HtmlRepr):
         numbers = native.snapshots()
         for number in set(numbers):
             if number not in self._frames:
-                self._frames[number] = _Frame(lambda n=number, ds=self._dataset: ds._metadata_of(n))
+                self._frames[number] = _Frame(lambda n=number, ds=self._dataset: ds.get_metadata(n))
         batch = Batch(native, self._frames[numbers[0]] if numbers else self._frame, self._epoch)
         if len(set(numbers)) > 1:  # a block cut by a change (another batch_size)
             batch._metadata = pl.concat(

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from . import _native
 from .exceptions import InvalidInputError
 
 if TYPE_CHECKING:
@@ -48,21 +47,16 @@ Mixture = tuple[str, dict[str, float]]
 
 def metadata(dataset: Dataset, version: int | str | None) -> tuple[int, pl.DataFrame]:
     """The rows of snapshot ``version`` (a number, a tag, or None: the active one)."""
-    if version is None:
-        return dataset.version, dataset.get_metadata()
-    number = dataset._resolve(version)
-    if number == dataset.version:
-        return number, dataset.get_metadata()
-    return number, pl.DataFrame(dataset._native.get_metadata(number))
+    number = dataset.version if version is None else dataset.resolve(version)
+    return number, dataset.get_metadata(number)
 
 
 def mixture_of(dataset: Dataset, number: int) -> Mixture | None:
     """The mixture of snapshot ``number``, or None when it draws by weights alone."""
-    found = dataset._native.mixture(number)
+    found = dataset.mixture(number)
     if found is None:
         return None
-    column, shares = found
-    return column, {str(value): float(share) for value, share in shares}
+    return found["column"][0], dict(zip(found["value"], found["share"], strict=True))
 
 
 def _by(frame: pl.DataFrame, by: str | list[str] | None) -> list[str]:
@@ -197,14 +191,14 @@ def population(
                 f"without replacement have no closed form by other columns; report by "
                 f"{mixture[0]!r}, or count ds.draws(...)"
             )
-    spec = _native.LoaderSpec(seed=0, sampling=sampling, epoch_len=epoch_len, version=number)
-    draws = dataset._native.plan(spec).epoch_len
+    draws = dataset.epoch_len(sampling=sampling, epoch_len=epoch_len, version=number)
     drawn_rows = None
     if mixture is not None and keys == [mixture[0]]:
         # the first draws of epoch 0, as the loader delivers them
         count = min(draws, DELIVERED_DRAWS)
-        table = dataset._native.draws(seed, 0, 0, count, sampling, epoch_len, version=number)
-        drawn_rows = pl.DataFrame(table)["row"]
+        drawn_rows = dataset.draws(
+            seed, 0, count=count, sampling=sampling, epoch_len=epoch_len, version=number
+        )
     return report(frame, keys, draws, sampling, mixture, drawn_rows)
 
 

@@ -82,15 +82,13 @@ class DrawsDatasource(Datasource):
         )
         plan = self.plan()
         self.epoch_len, self.blocks = plan.epoch_len, plan.blocks
-        frame = dataset.get_metadata() if self.version == dataset.version else None
-        if frame is None:
-            frame = pl.DataFrame(dataset._native.get_metadata(self.version))
+        frame = dataset.get_metadata(self.version)
         self.schema = _arrow(frame.head(0), []).schema
 
     def plan(self, start_block: int = 0) -> Any:
         """The engine's plan of this epoch for one reader (made where it is
         used: native objects other than the spec do not travel with the tasks)."""
-        return self.dataset._native.plan(self.spec.replace(start_block=start_block))
+        return self.dataset.plan(self.spec.replace(start_block=start_block))
 
     def get_name(self) -> str:
         return "DatasetRT"
@@ -136,14 +134,10 @@ class _ReadRange:
     def __call__(self) -> Iterator[pa.Table]:
         src = self.source
         dataset = src.dataset
-        frame = (
-            dataset.get_metadata()
-            if dataset.version == src.version
-            else pl.DataFrame(dataset._native.get_metadata(src.version))
-        )
+        frame = dataset.get_metadata(src.version)
         count = self.end - self.first
         spec = src.spec.replace(start_block=self.first, prefetch_batches=max(1, min(4, count)))
-        loader = dataset._native.start(spec)
+        loader = dataset.start(spec)
         rows: list[int] = []
         datas: list[bytes] = []
         size = 0

@@ -131,7 +131,7 @@ def _is_name(name: str) -> bool:
 
 def log_root(dataset: Dataset) -> Path:
     """``<snapshot dir>/_scores`` of a local dataset."""
-    remote = [p for p in dataset._paths if "://" in p]
+    remote = [p for p in dataset.paths if "://" in p]
     if remote:
         raise InvalidInputError(
             f"score logs need a local dataset for now; {remote[0]} is remote "
@@ -395,7 +395,7 @@ def verify_logs(dataset: Dataset) -> list[dict[str, str]]:
     reports them) for each segment of each run of each score log of
     ``dataset`` that :func:`read_segment` refuses. None for a remote
     dataset (it keeps no logs)."""
-    if any("://" in p for p in dataset._paths):
+    if dataset.is_remote:
         return []
     root = log_root(dataset)
     if not root.is_dir():

@@ -168,14 +168,14 @@ class TorchDataset(IterableDataset):
             if self.dataset.version != self.version:
                 # this copy's dataset is private to it: read the plan's
                 # snapshot as the active one (opened once, not per loader)
-                self.dataset._native.pin(self.version)
+                self.dataset.pin(self.version)
 
     def _take_head(self) -> None:
         """Draw from the dataset's head now, and build its sampler here, once
         for the host: the workers map the stored alias table."""
         self.version = self.dataset.head
         if self.sampling == "replacement":
-            self.dataset._native.draws(0, 0, 0, 1, self.sampling, None, self.version)
+            self.dataset.draws(0, count=1, sampling=self.sampling, version=self.version)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch the next iteration draws (call before each epoch).
@@ -227,7 +227,7 @@ class TorchDataset(IterableDataset):
 
     def _plan(self, resume: dict[str, Any] | None = None, worker: int = 0, workers: int = 1) -> Any:
         """This rank's draws (over all of its workers, by default) in the next iteration."""
-        return self.dataset._native.plan(self._spec(worker, workers, resume))
+        return self.dataset.plan(self._spec(worker, workers, resume))
 
     def __len__(self) -> int:
         """Batches this rank delivers in the next iteration (over all of its

@@ -132,7 +132,7 @@ class TorchDataset(IterableDataset):
         # epoch -> the snapshot it drew from, as this process started them
         self._history: dict[int, int] = {}
         if follow == "head":
-            self._take_head()
+            self._draw_from_head()
         self._history[self.epoch] = self.version
         self._shared = SharedRecord(self._plan_record())
 
@@ -155,7 +155,7 @@ class TorchDataset(IterableDataset):
         if self._shared.owned:
             self._shared.write(self._plan_record())
 
-    def _follow(self) -> None:
+    def _adopt_shared_plan(self) -> None:
         """In a copy (a DataLoader worker): take the owner's current plan."""
         if not self._shared.owned:
             plan = self._shared.read()
@@ -170,7 +170,7 @@ class TorchDataset(IterableDataset):
                 # snapshot as the active one (opened once, not per loader)
                 self.dataset.pin(self.version)
 
-    def _take_head(self) -> None:
+    def _draw_from_head(self) -> None:
         """Draw from the dataset's head now, and build its sampler here, once
         for the host: the workers map the stored alias table."""
         self.version = self.dataset.head
@@ -187,7 +187,7 @@ class TorchDataset(IterableDataset):
         self.epoch = check_epoch(epoch)
         self._resume = None
         if self.follow == "head":
-            self._take_head()
+            self._draw_from_head()
         self._history[self.epoch] = self.version
         self._publish()
 
@@ -233,7 +233,7 @@ class TorchDataset(IterableDataset):
         """Batches this rank delivers in the next iteration (over all of its
         workers): the whole epoch, or what is left of it after
         :meth:`load_state_dict`."""
-        self._follow()
+        self._adopt_shared_plan()
         return self._plan().batches
 
     def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
@@ -241,7 +241,7 @@ class TorchDataset(IterableDataset):
         iteration, or without it the state of the batches this process's copy
         delivered (see the class for the rule)."""
         if batches_seen is not None:
-            self._follow()
+            self._adopt_shared_plan()
             return self._plan().state_after(check_int(batches_seen, "batches_seen"))
         if self._progress is None:
             raise InvalidInputError(
@@ -260,7 +260,7 @@ class TorchDataset(IterableDataset):
         state = whole_loader_state(state)
         info = get_worker_info()
         if info is not None:  # torchdata restores each worker's own state in it
-            self._follow()
+            self._adopt_shared_plan()
             self._plan(state, info.id, info.num_workers)  # checked now
             self._reader_resume = state
             return
@@ -285,7 +285,7 @@ class TorchDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        self._follow()
+        self._adopt_shared_plan()
         resume, self._reader_resume = self._reader_resume or self._resume, None
         # the loader starts now (when the DataLoader asks for the iterator),
         # so that state_dict() is right before the first batch too

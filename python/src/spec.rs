@@ -63,6 +63,54 @@ fn some<'a, 'py>(value: &'a Bound<'py, PyAny>) -> Option<&'a Bound<'py, PyAny>> 
     (!value.is_none()).then_some(value)
 }
 
+/// Option `seed`: an int, or `None`.
+fn seed_option(v: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+    match some(v) {
+        None => Ok(None),
+        Some(v) if v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>() => {
+            Err(invalid(format!(
+                "seed must be an int (got {}); sampling is never silently random",
+                v.repr()?
+            )))
+        }
+        Some(v) => Ok(Some(int(v, "seed", u64::MAX)?)),
+    }
+}
+
+/// Option `sampling`: the name of a sampling mode.
+fn sampling_option(v: &Bound<'_, PyAny>) -> PyResult<Sampling> {
+    let name: String = match v.extract() {
+        Ok(name) => name,
+        // a str UTF-8 cannot hold (a lone surrogate)
+        Err(_) if v.is_instance_of::<pyo3::types::PyString>() => {
+            return Err(invalid(format!(
+                "sampling {} is not valid text: it holds a lone surrogate",
+                v.repr()?
+            )))
+        }
+        Err(_) => {
+            return Err(invalid(format!(
+                "sampling must be a str, got {}",
+                v.repr()?
+            )))
+        }
+    };
+    Sampling::parse(&name).py()
+}
+
+/// Option `run`: a str, or `None`.
+fn run_option(v: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    match some(v) {
+        None => Ok(None),
+        Some(v) => Ok(Some(v.extract::<String>().map_err(|_| {
+            invalid(format!(
+                "run must be a str or None, not {}",
+                v.repr().map_or_else(|_| "?".into(), |r| r.to_string())
+            ))
+        })?)),
+    }
+}
+
 impl PyLoaderSpec {
     /// Apply keyword `options` to `request`, then check the whole request.
     fn with(mut request: LoaderRequest, options: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
@@ -72,38 +120,9 @@ impl PyLoaderSpec {
             let v = &value;
             match key.as_str() {
                 "batch_size" => r.batch_size = int(v, "batch_size", u64::MAX)?,
-                "seed" => {
-                    r.seed = match some(v) {
-                        None => None,
-                        Some(v) if v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>() => {
-                            return Err(invalid(format!(
-                                "seed must be an int (got {}); sampling is never silently random",
-                                v.repr()?
-                            )))
-                        }
-                        Some(v) => Some(int(v, "seed", u64::MAX)?),
-                    }
-                }
+                "seed" => r.seed = seed_option(v)?,
                 "epoch" => r.epoch = int(v, "epoch", u64::MAX)?,
-                "sampling" => {
-                    let name: String = match v.extract() {
-                        Ok(name) => name,
-                        // a str UTF-8 cannot hold (a lone surrogate)
-                        Err(_) if v.is_instance_of::<pyo3::types::PyString>() => {
-                            return Err(invalid(format!(
-                                "sampling {} is not valid text: it holds a lone surrogate",
-                                v.repr()?
-                            )))
-                        }
-                        Err(_) => {
-                            return Err(invalid(format!(
-                                "sampling must be a str, got {}",
-                                v.repr()?
-                            )))
-                        }
-                    };
-                    r.sampling = Sampling::parse(&name).py()?;
-                }
+                "sampling" => r.sampling = sampling_option(v)?,
                 "epoch_len" => {
                     r.epoch_len = some(v).map(|v| int(v, "epoch_len", u64::MAX)).transpose()?
                 }
@@ -133,17 +152,7 @@ impl PyLoaderSpec {
                         None => DEFAULT_PREFETCH_BATCHES as u64,
                     }
                 }
-                "run" => {
-                    r.run = match some(v) {
-                        None => None,
-                        Some(v) => Some(v.extract::<String>().map_err(|_| {
-                            invalid(format!(
-                                "run must be a str or None, not {}",
-                                v.repr().map_or_else(|_| "?".into(), |r| r.to_string())
-                            ))
-                        })?),
-                    }
-                }
+                "run" => r.run = run_option(v)?,
                 other => {
                     return Err(invalid(format!(
                         "unknown loader option {other:?}; the options are {}",

@@ -59,7 +59,7 @@ def simulate(cost: dict, rows: int, a: argparse.Namespace) -> dict:
     # probability, alias, cache_id, sample_id: four 4 KiB pages when none is cached
     cold_reads = draws_per_node * 4 * PAGE
     single = {
-        # a snapshot refuses 2^32 - 1 rows or more (catalog/snapshot.rs): rows are u32
+        # a snapshot refuses 2^32 - 1 rows or more (catalog/snapshot/partition.rs): rows are u32
         "stored today": "yes" if rows < 2**32 - 1 else "no: more than 2^32 - 1 rows",
         "files": columns + 1,
         "largest file": human_bytes(rows * 8),

@@ -74,6 +74,109 @@ async fn fetch(remote: &Remote, key: &str, dir: &Path, rel: &str) -> Result<()> 
     }
 }
 
+/// The error of a request for `object` that failed.
+fn request_failed(remote: &Remote, object: &ObjectPath, e: object_store::Error) -> Error {
+    Error::Remote {
+        object: remote.object_url(object),
+        detail: e.to_string(),
+    }
+}
+
+/// The bucket's head record (`head_object`) and its version, if it has one.
+async fn read_head(
+    remote: &Remote,
+    client: &Arc<dyn object_store::ObjectStore>,
+    head_object: &ObjectPath,
+) -> Result<Option<(Bytes, UpdateVersion)>> {
+    match client.get(head_object).await {
+        Ok(got) => {
+            let version = UpdateVersion {
+                e_tag: got.meta.e_tag.clone(),
+                version: got.meta.version.clone(),
+            };
+            let bytes = got
+                .bytes()
+                .await
+                .map_err(|e| request_failed(remote, head_object, e))?;
+            Ok(Some((bytes, version)))
+        }
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(request_failed(remote, head_object, e)),
+    }
+}
+
+/// Bring into `dir` each `listed` snapshot file (under `base`) it lacks,
+/// but the head and the tags: those are adopted once what they name is
+/// here. The tags, as (record, its bytes, the snapshot it names).
+async fn pull_listed(
+    remote: &Remote,
+    key: &str,
+    dir: &Path,
+    base: &ObjectPath,
+    listed: Vec<object_store::ObjectMeta>,
+) -> Result<Vec<(String, Bytes, u64)>> {
+    let mut tags = Vec::new();
+    for meta in listed {
+        let Some(parts) = meta.location.prefix_match(base) else {
+            continue;
+        };
+        let rel: Vec<String> = parts.map(|p| p.as_ref().to_string()).collect();
+        let rel = rel.join("/");
+        if rel == commit::HEAD_FILE {
+            continue; // read first, with its version (`read_head`)
+        }
+        if rel.starts_with("tags/") {
+            let bytes = get(remote, key, &rel).await?;
+            let number = commit::parse_tag(Path::new(&rel), &bytes)?;
+            tags.push((rel, bytes, number));
+        } else if !dir.join(&rel).exists() {
+            fetch(remote, key, dir, &rel).await?; // manifests and columns never change
+        }
+    }
+    Ok(tags)
+}
+
+/// Write record `rel` (`bytes`, naming snapshot `number`) into `dir`, unless
+/// it holds it already, once the snapshot it names and that snapshot's
+/// column files are here (fetched by name if missing) and verified.
+async fn adopt_record(
+    remote: &Remote,
+    key: &str,
+    dir: &Path,
+    rel: &str,
+    bytes: &[u8],
+    number: u64,
+) -> Result<()> {
+    let local = dir.join(rel);
+    if std::fs::read(&local).ok().as_deref() != Some(bytes) {
+        let manifest = Snapshot::file_name(number);
+        let mut fetched = !dir.join(&manifest).exists();
+        if fetched {
+            fetch(remote, key, dir, &manifest).await?;
+        }
+        for hash in snapshot::manifest_columns(dir, number)? {
+            let column = format!("{}/{hash}.arrow", snapshot::COLUMNS_DIR);
+            if !dir.join(&column).exists() {
+                fetch(remote, key, dir, &column).await?;
+                fetched = true;
+            }
+        }
+        if fetched {
+            if let Some(e) = snapshot::verify_files(dir, number, None).into_iter().next() {
+                return Err(e);
+            }
+            // chunk tables are made here, not fetched: readers
+            // then check the columns chunk by chunk
+            snapshot::ensure_sidecars(dir, number)?;
+        }
+        if let Some(parent) = local.parent() {
+            std::fs::create_dir_all(parent).map_err(Error::io(parent))?;
+        }
+        fs::write_atomic(&local, bytes)?;
+    }
+    Ok(())
+}
+
 impl Mirror {
     pub fn new(remote: Arc<Remote>, key: &str) -> Mirror {
         Mirror {
@@ -110,29 +213,14 @@ impl Mirror {
         let dir = dir.to_path_buf();
         let version = block_on(async move {
             let client = remote.client()?;
-            let failed = |object: &ObjectPath, e: object_store::Error| Error::Remote {
-                object: remote.object_url(object),
-                detail: e.to_string(),
-            };
             // the head first (with its version): a commit uploads its
             // snapshot before moving it
-            let head = match client.get(&head_object).await {
-                Ok(got) => {
-                    let version = UpdateVersion {
-                        e_tag: got.meta.e_tag.clone(),
-                        version: got.meta.version.clone(),
-                    };
-                    let bytes = got.bytes().await.map_err(|e| failed(&head_object, e))?;
-                    Some((bytes, version))
-                }
-                Err(object_store::Error::NotFound { .. }) => None,
-                Err(e) => return Err(failed(&head_object, e)),
-            };
+            let head = read_head(&remote, &client, &head_object).await?;
             let listed: Vec<object_store::ObjectMeta> = client
                 .list(Some(&base))
                 .try_collect()
                 .await
-                .map_err(|e| failed(&base, e))?;
+                .map_err(|e| request_failed(&remote, &base, e))?;
             // (local record, its bytes, the snapshot it names, the head's version)
             let mut adopt = Vec::new();
             if let Some((bytes, version)) = head {
@@ -141,57 +229,14 @@ impl Mirror {
                 })?;
                 adopt.push((commit::HEAD_FILE.to_string(), bytes, number, Some(version)));
             }
-            for meta in listed {
-                let Some(parts) = meta.location.prefix_match(&base) else {
-                    continue;
-                };
-                let rel: Vec<String> = parts.map(|p| p.as_ref().to_string()).collect();
-                let rel = rel.join("/");
-                if rel == commit::HEAD_FILE {
-                    continue; // read above
-                }
-                if rel.starts_with("tags/") {
-                    let bytes = get(&remote, &key, &rel).await?;
-                    let number = commit::parse_tag(Path::new(&rel), &bytes)?;
-                    adopt.push((rel, bytes, number, None));
-                } else if !dir.join(&rel).exists() {
-                    fetch(&remote, &key, &dir, &rel).await?; // manifests and columns never change
-                }
+            for (rel, bytes, number) in pull_listed(&remote, &key, &dir, &base, listed).await? {
+                adopt.push((rel, bytes, number, None));
             }
             // a record is adopted once what it names is here (fetched by name
             // should the listing have missed it) and verified
             let mut head_version = None;
             for (rel, bytes, number, version) in adopt {
-                let local = dir.join(&rel);
-                if std::fs::read(&local).ok().as_deref() != Some(&bytes[..]) {
-                    let manifest = Snapshot::file_name(number);
-                    let mut fetched = !dir.join(&manifest).exists();
-                    if fetched {
-                        fetch(&remote, &key, &dir, &manifest).await?;
-                    }
-                    for hash in snapshot::manifest_columns(&dir, number)? {
-                        let column = format!("{}/{hash}.arrow", snapshot::COLUMNS_DIR);
-                        if !dir.join(&column).exists() {
-                            fetch(&remote, &key, &dir, &column).await?;
-                            fetched = true;
-                        }
-                    }
-                    if fetched {
-                        if let Some(e) = snapshot::verify_files(&dir, number, None)
-                            .into_iter()
-                            .next()
-                        {
-                            return Err(e);
-                        }
-                        // chunk tables are made here, not fetched: readers
-                        // then check the columns chunk by chunk
-                        snapshot::ensure_sidecars(&dir, number)?;
-                    }
-                    if let Some(parent) = local.parent() {
-                        std::fs::create_dir_all(parent).map_err(Error::io(parent))?;
-                    }
-                    fs::write_atomic(&local, &bytes)?;
-                }
+                adopt_record(&remote, &key, &dir, &rel, &bytes, number).await?;
                 head_version = head_version.or(version);
             }
             Ok::<_, Error>(head_version)

@@ -3,6 +3,7 @@
 //! moves.
 
 mod assemble;
+mod cleanup;
 pub mod commit;
 pub mod lease;
 mod mirror;
@@ -12,7 +13,9 @@ pub mod schedule;
 pub mod scores;
 mod snapshot;
 pub mod stream;
+mod tags;
 mod validate;
+mod verify;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,18 +27,16 @@ use arrow::datatypes::SchemaRef;
 pub use mixture::Mixture;
 pub use ranges::ColumnRange;
 pub use snapshot::PartitionEntry;
-pub use snapshot::{read_manifest, Manifest, Snapshot};
+pub use snapshot::{read_manifest, Snapshot, SnapshotManifest};
 pub use stream::{StreamRecipe, StreamWriter};
-pub use validate::Samples;
+pub use tags::TAGS_DIR;
+pub use validate::CacheBounds;
 
 use crate::store::remote::{self, Remote, RemoteOptions};
 use crate::store::{fs, Cache, CacheSet};
 use crate::{Error, Result};
 
 pub use crate::store::RESERVED_COLUMNS;
-
-/// Where tags live, inside a dataset's snapshot directory.
-pub const TAGS_DIR: &str = "tags";
 
 /// Name of the directory, inside a dataset root, that holds snapshots by default.
 pub const SNAPSHOTS_DIR: &str = "_snapshots";
@@ -149,6 +150,157 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
+/// The caches `paths` name (see [`Dataset::open`]), one of each
+/// `cache_id`, sorted by it. The same cache reached by two paths counts
+/// once; two caches of one id in different directories are refused.
+fn open_caches(paths: &[PathBuf], remote_options: &RemoteOptions) -> Result<Vec<Arc<Cache>>> {
+    let mut by_id: BTreeMap<i64, Arc<Cache>> = BTreeMap::new();
+    for path in paths {
+        let opened = caches_at(path, remote_options)?;
+        for cache in opened {
+            let dir = cache.dir().to_path_buf();
+            if let Some(other) = by_id.get(&cache.id()) {
+                let same =
+                    std::fs::canonicalize(other.dir()).ok() == std::fs::canonicalize(&dir).ok();
+                if !same {
+                    return Err(Error::invalid(format!(
+                        "caches {} and {} have the same cache_id {}; one is a copy of the other",
+                        other.dir().display(),
+                        dir.display(),
+                        cache.id()
+                    )));
+                }
+                continue;
+            }
+            by_id.insert(cache.id(), Arc::new(cache));
+        }
+    }
+    Ok(by_id.into_values().collect())
+}
+
+/// The caches one path names: every cache of a bucket (a URL such as
+/// `s3://...`), else those [`discover`] finds under a local path.
+fn caches_at(path: &Path, remote_options: &RemoteOptions) -> Result<Vec<Cache>> {
+    let opened: Vec<Cache> = match path.to_str().filter(|p| remote::is_url(p)) {
+        Some(url) => {
+            let remote = Remote::new(url, remote_options.clone())?;
+            let (names, whole) = remote::block_on({
+                let remote = remote.clone();
+                async move {
+                    let names = remote.discover().await?;
+                    let whole = remote.fits(&names).await?;
+                    Ok::<_, Error>((names, whole))
+                }
+            })??;
+            names
+                .iter()
+                .map(|name| Cache::open_remote(&remote, name, whole))
+                .collect::<Result<_>>()?
+        }
+        None => discover(path)?
+            .iter()
+            .map(|dir| Cache::open(dir))
+            .collect::<Result<_>>()?,
+    };
+    Ok(opened)
+}
+
+/// The bucket that keeps the snapshots of `caches` (named by `key`): caches
+/// all in one bucket keep their snapshots there too, unless `snapshot_dir`
+/// says otherwise.
+fn bucket_mirror(
+    caches: &[Arc<Cache>],
+    snapshot_dir: Option<&Path>,
+    key: &[u8],
+) -> Option<mirror::Mirror> {
+    let urls: std::collections::BTreeSet<&str> = caches
+        .iter()
+        .map(|c| c.replica().map_or("", |r| r.remote().url()))
+        .collect();
+    match (snapshot_dir, caches[0].replica()) {
+        (None, Some(r)) if urls.len() == 1 => Some(mirror::Mirror::new(
+            r.remote().clone(),
+            &format!("{:016x}", fnv1a(key)),
+        )),
+        _ => None,
+    }
+}
+
+/// The snapshot directory of `caches` (named by `key`) under `snapshot_dir`
+/// (default: `<root of the first cache>/_snapshots`), created, and cleared of
+/// what processes killed mid-update left behind.
+fn make_snapshot_dir(
+    caches: &[Arc<Cache>],
+    snapshot_dir: Option<PathBuf>,
+    key: &[u8],
+) -> Result<PathBuf> {
+    let base = match snapshot_dir {
+        Some(dir) => dir,
+        None => caches[0]
+            .dir()
+            .parent()
+            .map(|p| p.join(SNAPSHOTS_DIR))
+            .unwrap_or_else(|| PathBuf::from(SNAPSHOTS_DIR)),
+    };
+    let snapshot_dir = base.join(format!("{:016x}", fnv1a(key)));
+    std::fs::create_dir_all(&snapshot_dir).map_err(Error::io(&snapshot_dir))?;
+    // leftovers of processes killed mid-update (roots: see discover)
+    fs::remove_stale_temps(&snapshot_dir);
+    fs::remove_stale_temps(&snapshot_dir.join(snapshot::COLUMNS_DIR));
+    fs::remove_stale_temps(&snapshot_dir.join(TAGS_DIR));
+    fs::remove_stale_temps(&base.join(assemble::PARTS_DIR));
+    fs::remove_stale_temps(&base.join(assemble::PARTS_DIR).join(snapshot::COLUMNS_DIR));
+    Ok(snapshot_dir)
+}
+
+/// Snapshot 0 of a snapshot directory without a head: every stored sample
+/// of `caches`, weight 1.0, committed (and pushed to the bucket, with
+/// `mirror`), or the one another process committed first.
+fn first_snapshot(
+    snapshot_dir: &Path,
+    caches: &[Arc<Cache>],
+    partition_rows: usize,
+    mirror: Option<&mirror::Mirror>,
+) -> Result<Snapshot> {
+    // made under the lock: the processes of a job that open a
+    // new set at once wait for the first to make it, rather than
+    // each writing (and reading back) every column file
+    let guard = commit::lock(snapshot_dir)?;
+    let number = match commit::read_head(snapshot_dir)? {
+        Some(n) => n, // another process created it meanwhile
+        None => {
+            let initial = assemble::first_population(snapshot_dir, caches, partition_rows)?;
+            let n = snapshot::write_manifest(
+                snapshot_dir,
+                &initial,
+                0,
+                "every stored sample",
+                None,
+                None,
+            )?;
+            commit::write_head(snapshot_dir, n, &guard)?;
+            if mirror.is_none() {
+                commit::record_committed(snapshot_dir, n, &guard)?;
+            }
+            match mirror {
+                Some(m) => match m.push_commit(snapshot_dir, n, n) {
+                    Ok(()) => n,
+                    Err(Error::Conflict { .. }) => {
+                        // another reader of the bucket created it first: take theirs
+                        let path = snapshot_dir.join(Snapshot::file_name(n));
+                        std::fs::remove_file(&path).map_err(Error::io(&path))?;
+                        m.pull(snapshot_dir)?;
+                        commit::read_head(snapshot_dir)?.unwrap_or(n)
+                    }
+                    Err(e) => return Err(e),
+                },
+                None => n,
+            }
+        }
+    };
+    Snapshot::open(snapshot_dir, number)
+}
+
 impl Dataset {
     /// Open the caches under `paths` (cache directories or roots holding
     /// caches) and the newest metadata snapshot, creating snapshot 0 (every
@@ -160,79 +312,11 @@ impl Dataset {
         let partition_rows = options
             .partition_rows
             .unwrap_or_else(snapshot::default_partition_rows);
-        let mut by_id: BTreeMap<i64, Arc<Cache>> = BTreeMap::new();
-        for path in paths {
-            let opened: Vec<Cache> = match path.to_str().filter(|p| remote::is_url(p)) {
-                Some(url) => {
-                    let remote = Remote::new(url, options.remote.clone())?;
-                    let (names, whole) = remote::block_on({
-                        let remote = remote.clone();
-                        async move {
-                            let names = remote.discover().await?;
-                            let whole = remote.fits(&names).await?;
-                            Ok::<_, Error>((names, whole))
-                        }
-                    })??;
-                    names
-                        .iter()
-                        .map(|name| Cache::open_remote(&remote, name, whole))
-                        .collect::<Result<_>>()?
-                }
-                None => discover(path)?
-                    .iter()
-                    .map(|dir| Cache::open(dir))
-                    .collect::<Result<_>>()?,
-            };
-            for cache in opened {
-                let dir = cache.dir().to_path_buf();
-                if let Some(other) = by_id.get(&cache.id()) {
-                    let same =
-                        std::fs::canonicalize(other.dir()).ok() == std::fs::canonicalize(&dir).ok();
-                    if !same {
-                        return Err(Error::invalid(format!(
-                            "caches {} and {} have the same cache_id {}; one is a copy of the other",
-                            other.dir().display(),
-                            dir.display(),
-                            cache.id()
-                        )));
-                    }
-                    continue;
-                }
-                by_id.insert(cache.id(), Arc::new(cache));
-            }
-        }
-        let caches: Vec<Arc<Cache>> = by_id.into_values().collect();
+        let caches = open_caches(paths, &options.remote)?;
 
         let key: Vec<u8> = caches.iter().flat_map(|c| c.id().to_le_bytes()).collect();
-        // caches all in one bucket keep their snapshots there too, unless
-        // `snapshot_dir` says otherwise
-        let urls: std::collections::BTreeSet<&str> = caches
-            .iter()
-            .map(|c| c.replica().map_or("", |r| r.remote().url()))
-            .collect();
-        let mirror = match (&options.snapshot_dir, caches[0].replica()) {
-            (None, Some(r)) if urls.len() == 1 => Some(mirror::Mirror::new(
-                r.remote().clone(),
-                &format!("{:016x}", fnv1a(&key)),
-            )),
-            _ => None,
-        };
-        let base = match options.snapshot_dir {
-            Some(dir) => dir,
-            None => caches[0]
-                .dir()
-                .parent()
-                .map(|p| p.join(SNAPSHOTS_DIR))
-                .unwrap_or_else(|| PathBuf::from(SNAPSHOTS_DIR)),
-        };
-        let snapshot_dir = base.join(format!("{:016x}", fnv1a(&key)));
-        std::fs::create_dir_all(&snapshot_dir).map_err(Error::io(&snapshot_dir))?;
-        // leftovers of processes killed mid-update (roots: see discover)
-        fs::remove_stale_temps(&snapshot_dir);
-        fs::remove_stale_temps(&snapshot_dir.join(snapshot::COLUMNS_DIR));
-        fs::remove_stale_temps(&snapshot_dir.join(TAGS_DIR));
-        fs::remove_stale_temps(&base.join(assemble::PARTS_DIR));
-        fs::remove_stale_temps(&base.join(assemble::PARTS_DIR).join(snapshot::COLUMNS_DIR));
+        let mirror = bucket_mirror(&caches, options.snapshot_dir.as_deref(), &key);
+        let snapshot_dir = make_snapshot_dir(&caches, options.snapshot_dir, &key)?;
 
         if let Some(m) = &mirror {
             m.pull(&snapshot_dir)?;
@@ -240,46 +324,7 @@ impl Dataset {
         let numbers = Self::list_in(&snapshot_dir)?;
         let snapshot = match commit::current(&snapshot_dir, &numbers)? {
             Some(n) => Snapshot::open(&snapshot_dir, n)?,
-            None => {
-                // made under the lock: the processes of a job that open a
-                // new set at once wait for the first to make it, rather than
-                // each writing (and reading back) every column file
-                let guard = commit::lock(&snapshot_dir)?;
-                let number = match commit::read_head(&snapshot_dir)? {
-                    Some(n) => n, // another process created it meanwhile
-                    None => {
-                        let initial =
-                            assemble::first_population(&snapshot_dir, &caches, partition_rows)?;
-                        let n = snapshot::write_manifest(
-                            &snapshot_dir,
-                            &initial,
-                            0,
-                            "every stored sample",
-                            None,
-                            None,
-                        )?;
-                        commit::write_head(&snapshot_dir, n, &guard)?;
-                        if mirror.is_none() {
-                            commit::record_committed(&snapshot_dir, n, &guard)?;
-                        }
-                        match &mirror {
-                            Some(m) => match m.push_commit(&snapshot_dir, n, n) {
-                                Ok(()) => n,
-                                Err(Error::Conflict { .. }) => {
-                                    // another reader of the bucket created it first: take theirs
-                                    let path = snapshot_dir.join(Snapshot::file_name(n));
-                                    std::fs::remove_file(&path).map_err(Error::io(&path))?;
-                                    m.pull(&snapshot_dir)?;
-                                    commit::read_head(&snapshot_dir)?.unwrap_or(n)
-                                }
-                                Err(e) => return Err(e),
-                            },
-                            None => n,
-                        }
-                    }
-                };
-                Snapshot::open(&snapshot_dir, number)?
-            }
+            None => first_snapshot(&snapshot_dir, &caches, partition_rows, mirror.as_ref())?,
         };
         Ok(Dataset {
             caches: CacheSet::new(caches)?,
@@ -377,7 +422,7 @@ impl Dataset {
     ) -> Result<Arc<Snapshot>> {
         let (schema, batches) = validate::normalize(schema, batches)?;
         let active = self.snapshot();
-        let samples = Samples::of(&self.caches);
+        let samples = CacheBounds::of(&self.caches);
         let checks = validate::PartitionChecks::new(&active, &schema, &samples)?;
         let mut total = 0.0;
         let population = snapshot::Partitioned::new(
@@ -453,7 +498,7 @@ impl Dataset {
             dir: self.snapshot_dir.clone(),
             base: base.number(),
             per: self.partition_rows,
-            samples: Samples::of(&self.caches),
+            samples: CacheBounds::of(&self.caches),
         }
     }
 
@@ -585,140 +630,6 @@ impl Dataset {
         Ok(commit::uncommitted(&self.snapshot_dir, &numbers, head))
     }
 
-    /// Give snapshot `number` a name; named snapshots survive [`Dataset::cleanup`].
-    pub fn tag(&self, name: &str, number: u64) -> Result<()> {
-        let ok = !name.is_empty()
-            && name.len() <= 100
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-            && !name.starts_with('.');
-        if !ok {
-            return Err(Error::invalid(format!(
-                "invalid tag {name:?}: use 1-100 characters from [A-Za-z0-9._-], not starting with '.'"
-            )));
-        }
-        // under the commit lock: a cleanup cannot delete the snapshot between
-        // the check and the tag
-        let _guard = commit::lock(&self.snapshot_dir)?;
-        if !self.snapshot_numbers()?.contains(&number) {
-            return Err(Error::invalid(format!(
-                "there is no snapshot {number} to tag"
-            )));
-        }
-        let dir = self.snapshot_dir.join(TAGS_DIR);
-        std::fs::create_dir_all(&dir).map_err(Error::io(&dir))?;
-        fs::write_atomic(&dir.join(name), commit::encode_tag(number).as_bytes())?;
-        match &self.mirror {
-            Some(m) => m.push_tag(&self.snapshot_dir, name),
-            None => Ok(()),
-        }
-    }
-
-    /// Every tag and the snapshot it names.
-    pub fn tags(&self) -> Result<BTreeMap<String, u64>> {
-        let dir = self.snapshot_dir.join(TAGS_DIR);
-        let mut tags = BTreeMap::new();
-        if !dir.is_dir() {
-            return Ok(tags);
-        }
-        for entry in std::fs::read_dir(&dir).map_err(Error::io(&dir))? {
-            let entry = entry.map_err(Error::io(&dir))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') {
-                continue;
-            }
-            let raw = std::fs::read(entry.path()).map_err(Error::io(entry.path()))?;
-            tags.insert(name, commit::parse_tag(&entry.path(), &raw)?);
-        }
-        Ok(tags)
-    }
-
-    /// Delete every snapshot except the newest `keep`, the tagged ones, those
-    /// a run's schedule names, the head and the active one, then every column and alias file no
-    /// remaining snapshot uses, and the partitions built with caches
-    /// (`prepare_partitions`) that no snapshot directory beside this one
-    /// links. Returns the deleted snapshot numbers. Holds
-    /// the commit lock, so no commit of this dataset runs meanwhile.
-    pub fn cleanup(&self, keep: usize) -> Result<Vec<u64>> {
-        self.cleanup_with(keep, false)
-    }
-
-    /// [`Dataset::cleanup`], or with `dry_run` only the snapshot numbers it
-    /// would delete now (nothing is deleted).
-    pub fn cleanup_with(&self, keep: usize, dry_run: bool) -> Result<Vec<u64>> {
-        let active = self.snapshot().number(); // before the lock: update locks in that order
-        let _guard = commit::lock(&self.snapshot_dir)?;
-        // snapshots a live process reads (a DataLoader's workers, another
-        // job) are kept; no lease is taken until this cleanup is done
-        let leased = lease::held(&self.snapshot_dir)?;
-        let numbers = self.snapshot_numbers()?;
-        let mut kept: std::collections::BTreeSet<u64> =
-            numbers.iter().rev().take(keep).copied().collect();
-        kept.extend(self.tags()?.values().copied());
-        kept.extend(leased.numbers.iter().copied());
-        // what runs drew from, for `exposures` (removing runs/<run> lets it go)
-        kept.extend(schedule::named_snapshots(&self.snapshot_dir)?);
-        kept.insert(active);
-        kept.insert(self.head()?);
-        let removed: Vec<u64> = numbers
-            .iter()
-            .copied()
-            .filter(|n| !kept.contains(n))
-            .collect();
-        if dry_run {
-            return Ok(removed);
-        }
-        let mut used = std::collections::HashSet::new();
-        for &n in &kept {
-            if numbers.contains(&n) {
-                used.extend(snapshot::used_names(&self.snapshot_dir, n)?);
-            }
-        }
-        let mut deleted: Vec<String> = Vec::new();
-        for &n in &removed {
-            let path = self.snapshot_dir.join(Snapshot::file_name(n));
-            std::fs::remove_file(&path).map_err(Error::io(&path))?;
-            deleted.push(Snapshot::file_name(n));
-        }
-        let columns = self.snapshot_dir.join(snapshot::COLUMNS_DIR);
-        for entry in std::fs::read_dir(&columns).map_err(Error::io(&columns))? {
-            let entry = entry.map_err(Error::io(&columns))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let stem = name.split('.').next().unwrap_or_default();
-            if !name.starts_with('.') && !used.contains(stem) {
-                std::fs::remove_file(entry.path()).map_err(Error::io(entry.path()))?;
-                deleted.push(format!("{}/{name}", snapshot::COLUMNS_DIR));
-            }
-        }
-        // the partitions built with their caches (`assemble::prepare`)
-        // that no snapshot directory links any more
-        let prepared = match self.snapshot_dir.parent() {
-            Some(base) => assemble::remove_unlinked(base)?,
-            None => Vec::new(),
-        };
-        // the host's records of verified columns go with their columns
-        let gone: std::collections::HashSet<&str> = deleted
-            .iter()
-            .filter_map(|d| d.strip_prefix(snapshot::COLUMNS_DIR)?.strip_prefix('/'))
-            .chain(prepared.iter().map(String::as_str))
-            .filter_map(|name| name.strip_suffix(".arrow"))
-            .collect();
-        if let Some(Ok(records)) = crate::store::chunks::verified_dir().map(std::fs::read_dir) {
-            for record in records.flatten() {
-                let name = record.file_name().to_string_lossy().into_owned();
-                if gone.contains(name.split('.').next().unwrap_or_default()) {
-                    let _ = std::fs::remove_file(record.path());
-                }
-            }
-        }
-        fs::sync_dir(&self.snapshot_dir)?;
-        if let Some(m) = &self.mirror {
-            m.delete(&deleted)?; // manifests first: no kept snapshot names these columns
-        }
-        Ok(removed)
-    }
-
     /// Snapshot `number`, without making it active.
     pub fn snapshot_at(&self, number: u64) -> Result<Arc<Snapshot>> {
         let active = self.snapshot();
@@ -762,70 +673,6 @@ impl Dataset {
     /// Make the head's snapshot active (after another process committed).
     pub fn refresh(&self) -> Result<Arc<Snapshot>> {
         self.pin(self.head()?)
-    }
-
-    /// Check everything this dataset stores: every record of every cache
-    /// (reopened from disk, its manifest, index and attributes checked whole
-    /// again), the head, the tags, and every snapshot manifest with every
-    /// column file it names (checksums recomputed, whatever this process
-    /// verified before). Returns every problem found, not just the first;
-    /// `progress` is told how many of `total` records and snapshots are done.
-    pub fn verify(&self, progress: &dyn Fn(u64, u64)) -> Vec<Error> {
-        let mut problems = Vec::new();
-        let numbers = self.snapshot_numbers().unwrap_or_else(|e| {
-            problems.push(e);
-            Vec::new()
-        });
-        let total = self.caches.iter().map(|c| c.records()).sum::<u64>() + numbers.len() as u64;
-        let mut done = 0;
-        for cache in self.caches.iter() {
-            // a remote cache is read (and fetched) through its replica
-            let reopened = match cache.replica() {
-                Some(_) => None,
-                None => match Cache::open(cache.dir()) {
-                    Ok(c) => Some(c),
-                    Err(e) => {
-                        problems.push(e);
-                        done += cache.records();
-                        continue;
-                    }
-                },
-            };
-            let reopened = reopened.as_ref().unwrap_or(cache);
-            // its index and attributes whole, whatever was checked before
-            if let Err(e) = reopened.check_files() {
-                problems.push(e);
-            }
-            let mut buf = Vec::new();
-            for sample in 0..reopened.records() {
-                buf.clear();
-                if let Err(e) = reopened.read_into(sample, &mut buf, true) {
-                    problems.push(e);
-                }
-                done += 1;
-                if done % 4096 == 0 {
-                    progress(done, total);
-                }
-            }
-        }
-        if let Err(e) = self.head() {
-            problems.push(e);
-        }
-        if let Err(e) = self.tags() {
-            problems.push(e);
-        }
-        let mut tables = std::collections::HashSet::new();
-        for &n in &numbers {
-            problems.extend(snapshot::verify_files(
-                &self.snapshot_dir,
-                n,
-                Some(&mut tables),
-            ));
-            done += 1;
-            progress(done, total);
-        }
-        progress(total, total);
-        problems
     }
 
     /// The payload of one stored sample, checksum verified. Uses the same read

@@ -157,7 +157,7 @@ const VERSION: usize = 2;
 
 impl Claims {
     fn open(key: &str) -> Result<Claims> {
-        let dir = match crate::store::chunks::host_dir() {
+        let dir = match crate::store::host::host_dir() {
             Some(host) => host.join("runs"),
             None => std::env::temp_dir().join("datasetrt-runs"),
         };

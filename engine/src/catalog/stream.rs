@@ -21,7 +21,7 @@ use super::snapshot::{
     partition_line, store_partition, write_partition, Known, PartitionEntry, Partitioned,
     PARTITION_LINES,
 };
-use super::validate::{PartitionChecks, Samples, Shape};
+use super::validate::{CacheBounds, PartitionChecks, Shape};
 use super::Snapshot;
 use crate::{Error, Result};
 
@@ -34,7 +34,7 @@ pub struct StreamRecipe {
     pub dir: PathBuf,
     pub base: u64,
     pub per: usize,
-    pub samples: Samples,
+    pub samples: CacheBounds,
 }
 
 /// Refuse rows of `schema` as an update of that schema is refused (before
@@ -50,7 +50,7 @@ pub struct StreamWriter {
     dir: PathBuf,
     base: Arc<Snapshot>,
     per: usize,
-    samples: Samples,
+    samples: CacheBounds,
     shape: Shape,
     known: Known,
     /// Rows of the next partition.

@@ -185,15 +185,16 @@ impl Shape {
     }
 }
 
-/// The caches an update's identities must name: each one's id, name and
-/// records, sorted by id. What a worker of a distributed `select` is sent
-/// in place of the caches themselves.
+/// The caches an update's identities must name, with their bounds: each
+/// one's id, name and records (its `sample_id`s are `0..records`), sorted by
+/// id. What a worker of a distributed `select` is sent in place of the
+/// caches themselves.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Samples(pub Vec<(i64, String, u64)>);
+pub struct CacheBounds(pub Vec<(i64, String, u64)>);
 
-impl Samples {
-    pub fn of(caches: &CacheSet) -> Samples {
-        Samples(
+impl CacheBounds {
+    pub fn of(caches: &CacheSet) -> CacheBounds {
+        CacheBounds(
             caches
                 .iter()
                 .map(|c| (c.id(), c.name().to_string(), c.records()))
@@ -220,12 +221,12 @@ impl Samples {
 pub struct PartitionChecks<'a> {
     checked: std::collections::HashSet<(&'a str, &'a str)>,
     ids: (usize, usize),
-    samples: &'a Samples,
+    samples: &'a CacheBounds,
 }
 
 impl<'a> PartitionChecks<'a> {
     /// For partitions of `schema` (normalized) against `samples`.
-    pub fn new(base: &'a Snapshot, schema: &SchemaRef, samples: &'a Samples) -> Result<Self> {
+    pub fn new(base: &'a Snapshot, schema: &SchemaRef, samples: &'a CacheBounds) -> Result<Self> {
         Ok(PartitionChecks {
             checked: base.identity_hashes(),
             ids: (schema.index_of("cache_id")?, schema.index_of("sample_id")?),
@@ -246,7 +247,7 @@ impl<'a> PartitionChecks<'a> {
 /// is false: columns known to be checked already), every weight is finite
 /// and non-negative. Returns the sum of its weights.
 pub fn check_rows(
-    caches: &Samples,
+    caches: &CacheBounds,
     batch: &RecordBatch,
     first_row: usize,
     identities: bool,

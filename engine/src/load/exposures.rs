@@ -38,33 +38,9 @@ pub fn exposures(
     state: &LoaderState,
     shape: &RunShape,
 ) -> Result<Vec<(i64, i64, u64)>> {
-    if shape.first_epoch > state.epoch {
-        return Err(Error::invalid(format!(
-            "the run's first epoch ({}) is after the state's ({})",
-            shape.first_epoch, state.epoch
-        )));
-    }
-    if let Some((&e, _)) = shape.snapshots.range(state.epoch + 1..).next() {
-        return Err(Error::invalid(format!(
-            "the history names epoch {e}, after the state's epoch {}",
-            state.epoch
-        )));
-    }
+    check_shape(state, shape)?;
     // the state's own snapshot, checked as a resume checks it
-    let reader = DrawPlan {
-        sampling: state.sampling,
-        seed: state.seed,
-        epoch: state.epoch,
-        epoch_len: state.epoch_len,
-        batch_size: state.batch_size.max(1),
-        start_block: 0,
-        drop_last: shape.drop_last,
-        rank: 0,
-        world_size: shape.world_size.max(1),
-        worker: 0,
-        num_workers: 1,
-        run: state.run.clone(),
-    };
+    let reader = reader_plan(state, shape);
     let (own, _) = LoaderState {
         reader: None,
         position: 0,
@@ -96,17 +72,7 @@ pub fn exposures(
             true => state.position,
             false => plan.total_draws(),
         };
-        let entries = match &schedule {
-            Some(s) => s.read(epoch)?,
-            None => Vec::new(),
-        };
-        if entries.first().is_some_and(|e| e.from != 0) {
-            return Err(Error::invalid(format!(
-                "the schedule of run {:?} for epoch {epoch} does not say where the epoch \
-                 started (no entry for draw 0): it was damaged or cut",
-                state.run.as_deref().unwrap_or_default()
-            )));
-        }
+        let entries = schedule_entries(schedule.as_ref(), state.run.as_deref(), epoch)?;
         if !entries.is_empty() {
             count_scheduled(&own, &entries, &plan, draws, &mut counts)?;
             continue;
@@ -116,6 +82,69 @@ pub fn exposures(
             .or_insert_with(|| (snapshot.clone(), vec![0u32; snapshot.num_rows()]));
         count_epoch(&snapshot, state.sampling, state.seed, &plan, draws, tally)?;
     }
+    by_sample(&counts)
+}
+
+/// The run's epochs must start at or before the state's, and its history
+/// name none after it.
+fn check_shape(state: &LoaderState, shape: &RunShape) -> Result<()> {
+    if shape.first_epoch > state.epoch {
+        return Err(Error::invalid(format!(
+            "the run's first epoch ({}) is after the state's ({})",
+            shape.first_epoch, state.epoch
+        )));
+    }
+    if let Some((&e, _)) = shape.snapshots.range(state.epoch + 1..).next() {
+        return Err(Error::invalid(format!(
+            "the history names epoch {e}, after the state's epoch {}",
+            state.epoch
+        )));
+    }
+    Ok(())
+}
+
+/// The draws of the state's reader: all of an epoch (one reader, no
+/// workers), cut as for `shape`'s ranks.
+fn reader_plan(state: &LoaderState, shape: &RunShape) -> DrawPlan {
+    DrawPlan {
+        sampling: state.sampling,
+        seed: state.seed,
+        epoch: state.epoch,
+        epoch_len: state.epoch_len,
+        batch_size: state.batch_size.max(1),
+        start_block: 0,
+        drop_last: shape.drop_last,
+        rank: 0,
+        world_size: shape.world_size.max(1),
+        worker: 0,
+        num_workers: 1,
+        run: state.run.clone(),
+    }
+}
+
+/// The entries of the run's `schedule` (if it has one) for `epoch`: none,
+/// or entries from draw 0 on.
+fn schedule_entries(
+    schedule: Option<&Schedule>,
+    run: Option<&str>,
+    epoch: u64,
+) -> Result<Vec<Entry>> {
+    let entries = match schedule {
+        Some(s) => s.read(epoch)?,
+        None => Vec::new(),
+    };
+    if entries.first().is_some_and(|e| e.from != 0) {
+        return Err(Error::invalid(format!(
+            "the schedule of run {:?} for epoch {epoch} does not say where the epoch \
+             started (no entry for draw 0): it was damaged or cut",
+            run.unwrap_or_default()
+        )));
+    }
+    Ok(entries)
+}
+
+/// The draws of `counts` per sample `(cache_id, sample_id)`, sorted.
+fn by_sample(counts: &Tallies) -> Result<Vec<(i64, i64, u64)>> {
     let mut by_sample: HashMap<(i64, i64), u64> = HashMap::new();
     for (snapshot, tally) in counts.values() {
         for (row, &n) in tally.iter().enumerate().filter(|(_, &n)| n > 0) {

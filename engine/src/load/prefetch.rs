@@ -34,7 +34,7 @@
 //! any, is reported there.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -176,6 +176,8 @@ impl NextUse {
 /// The futures of the host's readers over this snapshot (`load::host`): each
 /// reader's next uses, by its published key, and where each reader is.
 struct HostFuture {
+    caches: CacheSet,
+    snapshot: Arc<Snapshot>,
     dir: Option<std::path::PathBuf>,
     /// This reader's key and next uses (always known, published or not).
     own: (String, Arc<NextUse>),
@@ -184,22 +186,18 @@ struct HostFuture {
 
 impl HostFuture {
     /// The readers now: (next uses, position) of each, this one at `consumed`.
-    async fn readers(
-        &mut self,
-        caches: &CacheSet,
-        snapshot: &Arc<Snapshot>,
-        consumed: u64,
-    ) -> Vec<(Arc<NextUse>, u64)> {
+    async fn readers(&mut self, consumed: u64) -> Vec<(Arc<NextUse>, u64)> {
         let published = self.dir.as_deref().map(host::readers).unwrap_or_default();
         let mut out = vec![(self.own.1.clone(), consumed)];
         let mut keep = std::collections::HashSet::new();
         for reader in published {
-            if reader.fingerprint != snapshot.fingerprint() || reader.key == self.own.0 {
+            if reader.fingerprint != self.snapshot.fingerprint() || reader.key == self.own.0 {
                 continue; // another snapshot's draws are not known here; this one is above
             }
             keep.insert(reader.key.clone());
             if !self.uses.contains_key(&reader.key) {
-                let (caches, snapshot, plan) = (caches.clone(), snapshot.clone(), reader.plan);
+                let (caches, snapshot, plan) =
+                    (self.caches.clone(), self.snapshot.clone(), reader.plan);
                 let built =
                     tokio::task::spawn_blocking(move || NextUse::of(&caches, &snapshot, &plan))
                         .await;
@@ -297,6 +295,9 @@ async fn advise_local(
 /// read-ahead window of batches lies inside it).
 const LOCAL_AHEAD_BYTES: u64 = 64 << 20;
 
+/// Prefetch `plan`'s draws of the `remotes` among `caches`: plan the
+/// epoch's draws, then claim their ranges window by window as the consumer
+/// moves, making room first when a budget needs it.
 async fn run(
     caches: CacheSet,
     remotes: Vec<(usize, Arc<Replica>)>,
@@ -324,35 +325,13 @@ async fn run(
     if draws.is_empty() {
         return Ok(());
     }
-    let mean = {
-        let bytes: u64 = remotes.iter().map(|(_, r)| r.total_bytes()).sum();
-        let records: u64 = remotes.iter().map(|(_, r)| r.records()).sum();
-        (bytes / records.max(1)).max(1)
-    };
+    let mean = mean_record_bytes(&remotes);
     // Belady needs the future past this epoch (the next epoch's draws) and
     // every reader's of the host: this one's is published for the others
     let (mut host_future, published) = if whole || budget.is_none() {
         (None, None)
     } else {
-        let (c, s, p) = (caches.clone(), snapshot.clone(), plan.clone());
-        let this: Vec<(u32, u64)> = draws.clone();
-        let own = tokio::task::spawn_blocking(move || NextUse::following(&c, &s, &p, this))
-            .await
-            .map_err(|e| crate::Error::internal(format!("prefetch planning failed: {e}")))?;
-        let dir = remotes[0]
-            .1
-            .remote()
-            .replica_root_for(false)
-            .join("readers");
-        let published = host::Published::new(&dir, snapshot.fingerprint(), &plan).ok();
-        let key = published
-            .as_ref()
-            .map_or_else(String::new, |p| p.key().to_string());
-        let future = HostFuture {
-            dir: Some(dir),
-            own: (key, Arc::new(own)),
-            uses: HashMap::new(),
-        };
+        let (future, published) = join_host(&caches, &remotes, &snapshot, &plan, &draws).await?;
         (Some(future), published)
     };
     let ahead_bytes = match (whole, budget) {
@@ -370,86 +349,22 @@ async fn run(
     let (tx, rx) = tokio::sync::mpsc::channel::<(Arc<Replica>, FetchRange)>(requests * 4);
     // After a failed fetch the rest are released unfetched: readers fetch
     // (and report) themselves.
-    let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let fetchers = tokio::spawn({
-        let failed = failed.clone();
-        async move {
-            tokio_stream_from(rx)
-                .map(|(replica, range)| {
-                    let failed = failed.clone();
-                    async move {
-                        if failed.load(Ordering::Relaxed) {
-                            replica.release(&range);
-                        } else if replica.fetch_range(range).await.is_err() {
-                            failed.store(true, Ordering::Relaxed);
-                        }
-                    }
-                })
-                .buffer_unordered(requests)
-                .for_each(|_| futures::future::ready(()))
-                .await;
-        }
-    });
+    let failed = Arc::new(AtomicBool::new(false));
+    let fetchers = spawn_fetchers(rx, requests, failed.clone());
     let mut pos = 0u64;
     let total = draws.len() as u64;
     'plan: while pos < total {
-        let limit = loop {
-            let limit = progress.consumed() + ahead;
-            if pos < limit {
-                break limit;
-            }
-            let moved = progress.moved.notified();
-            if progress.consumed() + ahead > pos {
-                continue;
-            }
-            let _ = tokio::time::timeout(Duration::from_millis(50), moved).await;
-            if failed.load(Ordering::Relaxed) {
-                break 'plan; // readers fetch (and report) themselves
-            }
+        let Some(limit) = window_end(&progress, pos, ahead, &failed).await else {
+            break 'plan; // readers fetch (and report) themselves
         };
         let end = (pos + step).min(total).min(limit);
         if let Some(p) = &published {
             p.advance(progress.consumed());
         }
-        let mut wanted: HashMap<usize, Vec<u64>> = HashMap::new();
-        for &(c, s) in &draws[pos as usize..end as usize] {
-            if by_position.contains_key(&(c as usize)) {
-                wanted.entry(c as usize).or_default().push(s);
-            }
-        }
+        let wanted = remote_samples(&draws[pos as usize..end as usize], &by_position);
         if let (Some(future), Some(budget)) = (&mut host_future, budget) {
-            let incoming: u64 = wanted
-                .iter()
-                .flat_map(|(c, samples)| {
-                    let r = &by_position[c];
-                    samples
-                        .iter()
-                        .filter(|&&s| !r.is_present(s))
-                        .map(move |&s| r.record_bytes(s))
-                })
-                .sum();
-            // the host's bytes, not this process's: DataLoader workers and
-            // ranks sharing a cache_dir share one budget. On disk a record
-            // may keep one more page at its edges (the documented slack, at
-            // most a quarter of the budget: tiny records share their pages)
-            let held: u64 = remotes.iter().map(|(_, r)| r.held_on_disk()).sum();
-            let on_disk = remotes[0].1.remote().disk_limit(mean).unwrap_or(budget);
-            if held + incoming > on_disk {
-                let consumed = progress.consumed();
-                let readers = future.readers(&caches, &snapshot, consumed).await;
-                let eviction = Eviction {
-                    remotes: remotes.clone(),
-                    readers,
-                    // what any reader has fetched ahead and not yet read stays
-                    keep_within: end.saturating_sub(consumed),
-                    limit: on_disk.saturating_sub(incoming),
-                    // free an eighth of the budget beyond what is needed, so
-                    // eviction runs now and then, not on every step
-                    extra: budget / 8,
-                    lock: remotes[0].1.remote().evict_lock_path(),
-                };
-                let _ = tokio::task::spawn_blocking(move || eviction.run()).await;
-            }
+            let incoming = incoming_bytes(&wanted, &by_position);
+            make_room(future, &remotes, &progress, end, incoming, budget, mean).await;
         }
         for (c, mut samples) in wanted {
             let replica = &by_position[&c];
@@ -464,6 +379,158 @@ async fn run(
     drop(tx);
     let _ = fetchers.await;
     Ok(())
+}
+
+/// The mean bytes of a record of the remote caches (at least 1).
+fn mean_record_bytes(remotes: &[(usize, Arc<Replica>)]) -> u64 {
+    let bytes: u64 = remotes.iter().map(|(_, r)| r.total_bytes()).sum();
+    let records: u64 = remotes.iter().map(|(_, r)| r.records()).sum();
+    (bytes / records.max(1)).max(1)
+}
+
+/// This reader's future for eviction (its next uses over `draws`, this
+/// epoch's, then the next epoch's) and its plan, published for the host's
+/// other readers (`None` if it could not be).
+async fn join_host(
+    caches: &CacheSet,
+    remotes: &[(usize, Arc<Replica>)],
+    snapshot: &Arc<Snapshot>,
+    plan: &DrawPlan,
+    draws: &[(u32, u64)],
+) -> Result<(HostFuture, Option<host::Published>)> {
+    let (c, s, p) = (caches.clone(), snapshot.clone(), plan.clone());
+    let this: Vec<(u32, u64)> = draws.to_vec();
+    let own = tokio::task::spawn_blocking(move || NextUse::following(&c, &s, &p, this))
+        .await
+        .map_err(|e| crate::Error::internal(format!("prefetch planning failed: {e}")))?;
+    let dir = remotes[0]
+        .1
+        .remote()
+        .replica_root_for(false)
+        .join("readers");
+    let published = host::Published::new(&dir, snapshot.fingerprint(), plan).ok();
+    let key = published
+        .as_ref()
+        .map_or_else(String::new, |p| p.key().to_string());
+    let future = HostFuture {
+        caches: caches.clone(),
+        snapshot: snapshot.clone(),
+        dir: Some(dir),
+        own: (key, Arc::new(own)),
+        uses: HashMap::new(),
+    };
+    Ok((future, published))
+}
+
+/// The fetchers of the planner's ranges, `requests` in flight at a time;
+/// once a fetch fails (`failed`), the rest are released unfetched.
+fn spawn_fetchers(
+    rx: tokio::sync::mpsc::Receiver<(Arc<Replica>, FetchRange)>,
+    requests: usize,
+    failed: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        tokio_stream_from(rx)
+            .map(|(replica, range)| {
+                let failed = failed.clone();
+                async move {
+                    if failed.load(Ordering::Relaxed) {
+                        replica.release(&range);
+                    } else if replica.fetch_range(range).await.is_err() {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                }
+            })
+            .buffer_unordered(requests)
+            .for_each(|_| futures::future::ready(()))
+            .await;
+    })
+}
+
+/// Wait until draw `pos` lies inside the window of `ahead` draws past the
+/// consumer; the window's end. `None`: a fetch failed meanwhile.
+async fn window_end(progress: &Progress, pos: u64, ahead: u64, failed: &AtomicBool) -> Option<u64> {
+    loop {
+        let limit = progress.consumed() + ahead;
+        if pos < limit {
+            return Some(limit);
+        }
+        let moved = progress.moved.notified();
+        if progress.consumed() + ahead > pos {
+            continue;
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(50), moved).await;
+        if failed.load(Ordering::Relaxed) {
+            return None;
+        }
+    }
+}
+
+/// The samples of `draws` that are in remote caches, by cache position.
+fn remote_samples(
+    draws: &[(u32, u64)],
+    by_position: &HashMap<usize, Arc<Replica>>,
+) -> HashMap<usize, Vec<u64>> {
+    let mut wanted: HashMap<usize, Vec<u64>> = HashMap::new();
+    for &(c, s) in draws {
+        if by_position.contains_key(&(c as usize)) {
+            wanted.entry(c as usize).or_default().push(s);
+        }
+    }
+    wanted
+}
+
+/// Bytes of the `wanted` records their replicas do not hold yet.
+fn incoming_bytes(
+    wanted: &HashMap<usize, Vec<u64>>,
+    by_position: &HashMap<usize, Arc<Replica>>,
+) -> u64 {
+    wanted
+        .iter()
+        .flat_map(|(c, samples)| {
+            let r = &by_position[c];
+            samples
+                .iter()
+                .filter(|&&s| !r.is_present(s))
+                .map(move |&s| r.record_bytes(s))
+        })
+        .sum()
+}
+
+/// Before a step fetches `incoming` bytes: when the replicas would hold more
+/// than the `budget` on disk (records of `mean` bytes), evict for the host.
+/// `end`: where the step's draws end.
+async fn make_room(
+    future: &mut HostFuture,
+    remotes: &[(usize, Arc<Replica>)],
+    progress: &Progress,
+    end: u64,
+    incoming: u64,
+    budget: u64,
+    mean: u64,
+) {
+    // the host's bytes, not this process's: DataLoader workers and
+    // ranks sharing a cache_dir share one budget. On disk a record
+    // may keep one more page at its edges (the documented slack, at
+    // most a quarter of the budget: tiny records share their pages)
+    let held: u64 = remotes.iter().map(|(_, r)| r.held_on_disk()).sum();
+    let on_disk = remotes[0].1.remote().disk_limit(mean).unwrap_or(budget);
+    if held + incoming > on_disk {
+        let consumed = progress.consumed();
+        let readers = future.readers(consumed).await;
+        let eviction = Eviction {
+            remotes: remotes.to_vec(),
+            readers,
+            // what any reader has fetched ahead and not yet read stays
+            keep_within: end.saturating_sub(consumed),
+            limit: on_disk.saturating_sub(incoming),
+            // free an eighth of the budget beyond what is needed, so
+            // eviction runs now and then, not on every step
+            extra: budget / 8,
+            lock: remotes[0].1.remote().evict_lock_path(),
+        };
+        let _ = tokio::task::spawn_blocking(move || eviction.run()).await;
+    }
 }
 
 /// One eviction for the host: the records held on disk by any process,

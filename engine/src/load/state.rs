@@ -139,21 +139,7 @@ impl LoaderState {
     /// `shown` is how the caller shows the whole value, for a value that is
     /// not a state at all.
     pub fn from_fields(fields: &BTreeMap<String, StateValue>, shown: &str) -> Result<Self> {
-        if fields.get("format") != Some(&StateValue::Str(STATE_FORMAT.into())) {
-            return Err(Error::invalid(format!(
-                "resume takes a Loader.state_dict(), not {shown}"
-            )));
-        }
-        let version = match fields.get("version") {
-            None => STATE_VERSION,
-            Some(StateValue::Int(v)) if (1..=STATE_VERSION).contains(v) => *v,
-            Some(version) => {
-                return Err(Error::invalid(format!(
-                    "the loader state has format version {version}; this build reads versions \
-                     1 to {STATE_VERSION}"
-                )))
-            }
-        };
+        let version = state_version(fields, shown)?;
         let missing: Vec<&str> = STATE_KEYS
             .into_iter()
             .filter(|k| !fields.contains_key(*k))
@@ -185,27 +171,7 @@ impl LoaderState {
             Some(_) => int("batch_size", small)? as usize,
             None => 0,
         };
-        let reader = match fields.get("reader") {
-            None => None,
-            Some(StateValue::Map(place)) => {
-                let field = |key: &str, high: u64| -> Result<u64> {
-                    match place.get(key) {
-                        Some(StateValue::Int(v)) if *v <= high => Ok(*v),
-                        _ => Err(Error::invalid(format!(
-                            "the state's reader needs {key:?}, an int in [0, {high}]"
-                        ))),
-                    }
-                };
-                Some(ReaderPlace {
-                    rank: field("rank", small)? as u32,
-                    world_size: field("world_size", small)? as u32,
-                    worker: field("worker", small)? as u32,
-                    num_workers: field("num_workers", small)? as u32,
-                    resume_block: field("resume_block", u64::MAX)?,
-                })
-            }
-            Some(_) => return Err(Error::invalid("the state's reader must be a dict")),
-        };
+        let reader = reader_place(fields)?;
         Ok(LoaderState {
             seed: int("seed", u64::MAX)?,
             epoch: int("epoch", u64::MAX)?,
@@ -220,18 +186,7 @@ impl LoaderState {
                 _ => int("draws", u64::MAX)?,
             },
             reader,
-            run: match fields.get("run") {
-                None => None,
-                Some(StateValue::Str(run)) if version >= 3 => {
-                    crate::catalog::schedule::check_run(run)?;
-                    Some(run.clone())
-                }
-                Some(_) => {
-                    return Err(Error::invalid(
-                        "the state's run must be a string (in a state of version 3)",
-                    ))
-                }
-            },
+            run: state_run(fields, version)?,
         })
     }
 
@@ -277,6 +232,36 @@ impl LoaderState {
         dataset: &Dataset,
         reader: &DrawPlan,
     ) -> Result<(Arc<Snapshot>, DrawPlan)> {
+        let snapshot = self.snapshot_to_resume(dataset)?;
+        reader.validate()?;
+        let mut plan = DrawPlan {
+            sampling: self.sampling,
+            seed: self.seed,
+            epoch: self.epoch,
+            epoch_len: self.epoch_len,
+            start_block: 0,
+            run: self.run.clone(),
+            ..reader.clone()
+        };
+        if let Some(place) = &self.reader {
+            self.check_layout(place, reader)?;
+            plan.start_block = place.resume_block;
+            plan.validate()?;
+            return Ok((snapshot, plan));
+        }
+        plan.start_block = plan.resume_block(self.position).map_err(|_| {
+            Error::invalid(format!(
+                "position {} is not a multiple of batch_size {}; resume with batch_size={}",
+                self.position, plan.batch_size, self.batch_size
+            ))
+        })?;
+        plan.validate()?;
+        Ok((snapshot, plan))
+    }
+
+    /// The snapshot this state was drawing from, if `dataset` still has it
+    /// as it was and this build draws the same sequence over it.
+    fn snapshot_to_resume(&self, dataset: &Dataset) -> Result<Arc<Snapshot>> {
         if self.epoch_len == 0 {
             return Err(Error::invalid("the state's epoch_len must be positive"));
         }
@@ -312,52 +297,94 @@ impl LoaderState {
                 snapshot.num_partitions()
             )));
         }
-        reader.validate()?;
-        let mut plan = DrawPlan {
-            sampling: self.sampling,
-            seed: self.seed,
-            epoch: self.epoch,
-            epoch_len: self.epoch_len,
-            start_block: 0,
-            run: self.run.clone(),
-            ..reader.clone()
-        };
-        if let Some(place) = &self.reader {
-            let layout =
-                |r: u32, rs: u32, w: u32, ws: u32| format!("rank {r} of {rs}, worker {w} of {ws}");
-            let saved = layout(
-                place.rank,
-                place.world_size,
-                place.worker,
-                place.num_workers,
-            );
-            let here = layout(
-                reader.rank,
-                reader.world_size,
-                reader.worker,
-                reader.num_workers,
-            );
-            if saved != here || self.batch_size != reader.batch_size {
-                return Err(Error::invalid(format!(
-                    "this state was taken inside one reader ({saved}, batch_size {}) and \
-                     resumes only that reader, not {here} with batch_size {}; for another \
-                     layout resume from the state of the whole loader (a StatefulDataLoader's \
-                     state_dict(), or state_dict(batches_seen))",
-                    self.batch_size, reader.batch_size
-                )));
-            }
-            plan.start_block = place.resume_block;
-            plan.validate()?;
-            return Ok((snapshot, plan));
+        Ok(snapshot)
+    }
+
+    /// A state taken inside one reader (at `place`) resumes only that
+    /// reader, with its batch size: `reader` must be it.
+    fn check_layout(&self, place: &ReaderPlace, reader: &DrawPlan) -> Result<()> {
+        let layout =
+            |r: u32, rs: u32, w: u32, ws: u32| format!("rank {r} of {rs}, worker {w} of {ws}");
+        let saved = layout(
+            place.rank,
+            place.world_size,
+            place.worker,
+            place.num_workers,
+        );
+        let here = layout(
+            reader.rank,
+            reader.world_size,
+            reader.worker,
+            reader.num_workers,
+        );
+        if saved != here || self.batch_size != reader.batch_size {
+            return Err(Error::invalid(format!(
+                "this state was taken inside one reader ({saved}, batch_size {}) and \
+                 resumes only that reader, not {here} with batch_size {}; for another \
+                 layout resume from the state of the whole loader (a StatefulDataLoader's \
+                 state_dict(), or state_dict(batches_seen))",
+                self.batch_size, reader.batch_size
+            )));
         }
-        plan.start_block = plan.resume_block(self.position).map_err(|_| {
-            Error::invalid(format!(
-                "position {} is not a multiple of batch_size {}; resume with batch_size={}",
-                self.position, plan.batch_size, self.batch_size
-            ))
-        })?;
-        plan.validate()?;
-        Ok((snapshot, plan))
+        Ok(())
+    }
+}
+
+/// The layout version of a state's `fields`, which must be a loader state
+/// (`shown`: how the caller shows the value).
+fn state_version(fields: &BTreeMap<String, StateValue>, shown: &str) -> Result<u64> {
+    if fields.get("format") != Some(&StateValue::Str(STATE_FORMAT.into())) {
+        return Err(Error::invalid(format!(
+            "resume takes a Loader.state_dict(), not {shown}"
+        )));
+    }
+    match fields.get("version") {
+        None => Ok(STATE_VERSION),
+        Some(StateValue::Int(v)) if (1..=STATE_VERSION).contains(v) => Ok(*v),
+        Some(version) => Err(Error::invalid(format!(
+            "the loader state has format version {version}; this build reads versions \
+             1 to {STATE_VERSION}"
+        ))),
+    }
+}
+
+/// The reader a state was taken inside, if it names one.
+fn reader_place(fields: &BTreeMap<String, StateValue>) -> Result<Option<ReaderPlace>> {
+    let small = u64::from(u32::MAX);
+    match fields.get("reader") {
+        None => Ok(None),
+        Some(StateValue::Map(place)) => {
+            let field = |key: &str, high: u64| -> Result<u64> {
+                match place.get(key) {
+                    Some(StateValue::Int(v)) if *v <= high => Ok(*v),
+                    _ => Err(Error::invalid(format!(
+                        "the state's reader needs {key:?}, an int in [0, {high}]"
+                    ))),
+                }
+            };
+            Ok(Some(ReaderPlace {
+                rank: field("rank", small)? as u32,
+                world_size: field("world_size", small)? as u32,
+                worker: field("worker", small)? as u32,
+                num_workers: field("num_workers", small)? as u32,
+                resume_block: field("resume_block", u64::MAX)?,
+            }))
+        }
+        Some(_) => Err(Error::invalid("the state's reader must be a dict")),
+    }
+}
+
+/// The run whose schedule a state (of layout `version`) follows, if any.
+fn state_run(fields: &BTreeMap<String, StateValue>, version: u64) -> Result<Option<String>> {
+    match fields.get("run") {
+        None => Ok(None),
+        Some(StateValue::Str(run)) if version >= 3 => {
+            crate::catalog::schedule::check_run(run)?;
+            Ok(Some(run.clone()))
+        }
+        Some(_) => Err(Error::invalid(
+            "the state's run must be a string (in a state of version 3)",
+        )),
     }
 }
 

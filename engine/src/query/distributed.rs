@@ -33,7 +33,7 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use super::exec::{
     MetadataScanExec, PayloadScanExec, PayloadTakeExec, PopulationWriteExec, SampleExec, Slice,
 };
-use crate::catalog::{Samples, Snapshot, StreamRecipe};
+use crate::catalog::{CacheBounds, Snapshot, StreamRecipe};
 use crate::{Error, Result};
 
 /// The workers a coordinator sends tasks to.
@@ -180,7 +180,7 @@ impl PhysicalExtensionCodec for RecipeCodec {
                 dir,
                 base,
                 per,
-                samples: Samples(samples),
+                samples: CacheBounds(samples),
             };
             return Ok(Arc::new(PopulationWriteExec::new(
                 input.clone(),

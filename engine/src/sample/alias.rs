@@ -22,6 +22,7 @@ use super::rng::{mix64, unit_f64};
 use super::Weights;
 use crate::store::checksum::{check_magic, crc32c, header_version};
 use crate::store::chunks::{self, chunk_count, ChunkCheck};
+use crate::store::host::records;
 use crate::store::fs::{map_file, temp_sibling};
 use crate::{Error, Result};
 
@@ -193,7 +194,7 @@ impl AliasTable {
         // Replacing is safe: readers that mapped an older copy keep its inode.
         std::fs::rename(&tmp, path).map_err(Error::io(path))?;
         // its chunks were summed from the bytes just built: none is read again
-        chunks::record_checked(path, chunk_count(n as u64 * 12));
+        records::record_checked(path, chunk_count(n as u64 * 12));
         Self::map(path, n)
     }
 
@@ -231,7 +232,7 @@ impl AliasTable {
             )
         };
         let body = buffer.slice_with_length(HEADER, n * 12);
-        let check = ChunkCheck::new(path, body, HEADER as u64, crcs, chunks::host_key(path))?;
+        let check = ChunkCheck::new(path, body, HEADER as u64, crcs, records::host_key(path))?;
         Ok(AliasTable {
             prob: ScalarBuffer::new(buffer.clone(), HEADER / 8, n),
             alias: ScalarBuffer::new(buffer, (HEADER + n * 8) / 4, n),

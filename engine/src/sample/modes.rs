@@ -156,6 +156,41 @@ fn times_two_to(w: f64, exponent: i32) -> f64 {
     out
 }
 
+/// The rows of positive weight in a seeded weighted order without repeats
+/// (Efraimidis–Spirakis keys, the largest first).
+fn weighted_order(weights: &Weights<'_>, seed: u64, epoch: u64) -> Result<Arc<[u32]>> {
+    // ln(u) / w overflows for w below ~2e-307 (every key of equal
+    // tiny weights became -inf: rows in row order); scaling all
+    // weights by one power of two keeps the keys' order and is
+    // exact. Ordinary weights are not scaled, so keep their keys.
+    let (smallest, largest) = weights
+        .iter()
+        .filter(|&&w| w > 0.0)
+        .fold((f64::INFINITY, 0f64), |(lo, hi), &w| (lo.min(w), hi.max(w)));
+    // the largest becomes about 1 (none overflows; rows 10^290
+    // times lighter than it may round to -inf keys: last)
+    let exponent = match smallest < 1e-290 {
+        true => -(largest.log2().floor() as i32),
+        false => 0,
+    };
+    let mut keyed: Vec<(f64, u32)> = weights
+        .iter()
+        .enumerate()
+        .filter(|(_, &w)| w > 0.0)
+        .map(|(i, &w)| {
+            let bits = draw_bits(seed ^ SALT_WEIGHTED, epoch, i as u64);
+            // u in (0, 1]: log is finite
+            let u = ((bits >> 11) as f64 + 1.0) * (1.0 / (1u64 << 53) as f64);
+            (u.ln() / times_two_to(w, exponent), i as u32)
+        })
+        .collect();
+    if keyed.is_empty() {
+        return Err(Error::invalid("no row has a positive weight"));
+    }
+    keyed.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    Ok(keyed.into_iter().map(|(_, i)| i).collect())
+}
+
 fn stream_key(seed: u64, epoch: u64, pass: u64, salt: u64) -> u64 {
     draw_bits(seed ^ salt, epoch, pass)
 }
@@ -262,41 +297,9 @@ impl EpochSampler {
                     len: epoch_len,
                 }
             }
-            Sampling::WeightedWithoutReplacement => {
-                let weights = weights()?;
-                // ln(u) / w overflows for w below ~2e-307 (every key of equal
-                // tiny weights became -inf: rows in row order); scaling all
-                // weights by one power of two keeps the keys' order and is
-                // exact. Ordinary weights are not scaled, so keep their keys.
-                let (smallest, largest) = weights
-                    .iter()
-                    .filter(|&&w| w > 0.0)
-                    .fold((f64::INFINITY, 0f64), |(lo, hi), &w| (lo.min(w), hi.max(w)));
-                // the largest becomes about 1 (none overflows; rows 10^290
-                // times lighter than it may round to -inf keys: last)
-                let exponent = match smallest < 1e-290 {
-                    true => -(largest.log2().floor() as i32),
-                    false => 0,
-                };
-                let mut keyed: Vec<(f64, u32)> = weights
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, &w)| w > 0.0)
-                    .map(|(i, &w)| {
-                        let bits = draw_bits(seed ^ SALT_WEIGHTED, epoch, i as u64);
-                        // u in (0, 1]: log is finite
-                        let u = ((bits >> 11) as f64 + 1.0) * (1.0 / (1u64 << 53) as f64);
-                        (u.ln() / times_two_to(w, exponent), i as u32)
-                    })
-                    .collect();
-                if keyed.is_empty() {
-                    return Err(Error::invalid("no row has a positive weight"));
-                }
-                keyed.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-                Kind::Weighted {
-                    order: keyed.into_iter().map(|(_, i)| i).collect(),
-                }
-            }
+            Sampling::WeightedWithoutReplacement => Kind::Weighted {
+                order: weighted_order(&weights()?, seed, epoch)?,
+            },
         };
         Ok(EpochSampler { seed, epoch, kind })
     }

@@ -11,13 +11,16 @@
 //! The full specification is `docs/FORMAT.md`. A cache is written under a
 //! staging name in the same root, fsynced and renamed into place, so a crash
 //! leaves either the whole cache or nothing visible.
+//!
+//! What the processes of one host share beside the caches (records of the
+//! files checked, download counters) is in [`host`].
 
 pub mod checksum;
 pub mod chunks;
 pub mod codec;
-mod counters;
 pub mod format;
 pub mod fs;
+pub mod host;
 pub mod ipc;
 pub mod manifest;
 mod reader;

@@ -17,6 +17,7 @@ use arrow::compute::concat_batches;
 
 use super::checksum::crc32c;
 use super::chunks::{self, ChunkCheck, ChunkTable};
+use super::host::records;
 use super::codec::decode_into;
 use super::format::{
     check_index_header, check_shard_header, shard_file_name, IndexEntry, ATTRIBUTES_FILE,
@@ -51,6 +52,50 @@ pub struct Span {
 }
 
 impl Index {
+    /// Map the index of the cache in `dir` and check its header against
+    /// `manifest`; its entries are checked by chunk when read (or whole
+    /// here, without a chunk table).
+    fn open(dir: &Path, manifest: &Manifest) -> Result<Index> {
+        let index_path = dir.join(INDEX_FILE);
+        let index = map_buffer(&index_path, "cache index")?;
+        let (count, entries_crc) = check_index_header(&index_path, &index)?;
+        if count != manifest.records {
+            return Err(Error::corrupt(
+                &index_path,
+                format!(
+                    "index has {count} records, manifest says {}",
+                    manifest.records
+                ),
+            ));
+        }
+        if entries_crc != manifest.index_crc32c {
+            return Err(Error::corrupt(
+                &index_path,
+                "index checksum differs from the manifest's",
+            ));
+        }
+        let entries = index.slice(INDEX_HEADER_LEN);
+        let index_chunks =
+            match ChunkTable::read_sidecar(&index_path, entries.len() as u64, entries_crc) {
+                Some(table) => Some(ChunkCheck::new(
+                    &index_path,
+                    entries.clone(),
+                    INDEX_HEADER_LEN as u64,
+                    table.crcs,
+                    records::host_key(&index_path),
+                )?),
+                None => {
+                    check_entries(&index_path, &entries, entries_crc)?;
+                    None
+                }
+            };
+        Ok(Index {
+            path: index_path,
+            entries,
+            chunks: index_chunks,
+        })
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -174,6 +219,33 @@ impl Cache {
     }
 
     fn open_checked(dir: &Path) -> Result<Cache> {
+        let manifest = Self::read_manifest(dir)?;
+        let index = Index::open(dir, &manifest)?;
+        let shards = Self::map_shards(dir, &manifest)?;
+
+        let attributes_chunks = ChunkTable::read_sidecar(
+            &dir.join(ATTRIBUTES_FILE),
+            manifest.attributes_bytes,
+            manifest.attributes_crc32c,
+        )
+        .map(|table| table.crcs);
+        let cache = Cache {
+            dir: dir.to_path_buf(),
+            manifest,
+            index: Arc::new(index),
+            shards,
+            attributes: OnceLock::new(),
+            attributes_chunks,
+            replica: None,
+        };
+        if cache.attributes_chunks.is_none() {
+            cache.attributes()?; // checked whole now, as before chunk tables
+        }
+        Ok(cache)
+    }
+
+    /// The manifest of the cache in `dir`, checked.
+    fn read_manifest(dir: &Path) -> Result<Manifest> {
         if !dir.is_dir() {
             return Err(Error::NotFound {
                 what: "cache directory",
@@ -188,42 +260,12 @@ impl Cache {
             },
             _ => Error::io(&manifest_path)(e),
         })?;
-        let manifest = Manifest::decode(&manifest_path, &text)?;
+        Manifest::decode(&manifest_path, &text)
+    }
 
-        let index_path = dir.join(INDEX_FILE);
-        let index = map_buffer(&index_path, "cache index")?;
-        let (count, entries_crc) = check_index_header(&index_path, &index)?;
-        if count != manifest.records {
-            return Err(Error::corrupt(
-                &index_path,
-                format!(
-                    "index has {count} records, manifest says {}",
-                    manifest.records
-                ),
-            ));
-        }
-        if entries_crc != manifest.index_crc32c {
-            return Err(Error::corrupt(
-                &index_path,
-                "index checksum differs from the manifest's",
-            ));
-        }
-        let entries = index.slice(INDEX_HEADER_LEN);
-        let index_chunks =
-            match ChunkTable::read_sidecar(&index_path, entries.len() as u64, entries_crc) {
-                Some(table) => Some(ChunkCheck::new(
-                    &index_path,
-                    entries.clone(),
-                    INDEX_HEADER_LEN as u64,
-                    table.crcs,
-                    chunks::host_key(&index_path),
-                )?),
-                None => {
-                    check_entries(&index_path, &entries, entries_crc)?;
-                    None
-                }
-            };
-
+    /// The shards of the cache in `dir`, mapped, each of the length
+    /// `manifest` gives and with its header checked.
+    fn map_shards(dir: &Path, manifest: &Manifest) -> Result<Vec<(PathBuf, Buffer)>> {
         let mut shards = Vec::with_capacity(manifest.shard_bytes.len());
         for (i, &expected) in manifest.shard_bytes.iter().enumerate() {
             let path = dir.join(shard_file_name(i as u32));
@@ -240,30 +282,7 @@ impl Cache {
             check_shard_header(&path, &map, i as u32)?;
             shards.push((path, map));
         }
-
-        let attributes_chunks = ChunkTable::read_sidecar(
-            &dir.join(ATTRIBUTES_FILE),
-            manifest.attributes_bytes,
-            manifest.attributes_crc32c,
-        )
-        .map(|table| table.crcs);
-        let cache = Cache {
-            dir: dir.to_path_buf(),
-            manifest,
-            index: Arc::new(Index {
-                path: index_path,
-                entries,
-                chunks: index_chunks,
-            }),
-            shards,
-            attributes: OnceLock::new(),
-            attributes_chunks,
-            replica: None,
-        };
-        if cache.attributes_chunks.is_none() {
-            cache.attributes()?; // checked whole now, as before chunk tables
-        }
-        Ok(cache)
+        Ok(shards)
     }
 
     /// Check the attributes file (by chunk, each once per host, when it has
@@ -284,7 +303,7 @@ impl Cache {
         match &self.attributes_chunks {
             Some(crcs) => {
                 let check =
-                    ChunkCheck::new(&path, raw.clone(), 0, crcs.clone(), chunks::host_key(&path))?;
+                    ChunkCheck::new(&path, raw.clone(), 0, crcs.clone(), records::host_key(&path))?;
                 check.check_all(chunks::check_threads())?;
             }
             None if crc32c(&raw) != crc => {

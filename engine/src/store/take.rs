@@ -68,26 +68,7 @@ fn take_payloads(
     let rows = caches.resolve(cache_ids, sample_ids)?;
     let mut order: Vec<u32> = (0..n as u32).collect();
     order.sort_unstable_by_key(|&i| rows[i as usize]);
-    // Splitting is decided on the caches' mean record size (the entries are
-    // read inside the groups); a compressed record costs about its decoded
-    // size, some 4x what is stored.
-    let mean: Vec<usize> = caches
-        .iter()
-        .map(|c| {
-            let stored = c.manifest().shard_bytes.iter().sum::<u64>() / c.records().max(1);
-            let decode = if c.manifest().codec == Codec::None {
-                1
-            } else {
-                4
-            };
-            (stored * decode) as usize
-        })
-        .collect();
-    let estimate: usize = rows.iter().map(|&(c, _)| mean[c as usize]).sum();
-    let groups = concurrency
-        .min(n.div_ceil(MIN_ROWS_PER_GROUP))
-        .min(estimate.div_ceil(MIN_BYTES_PER_GROUP))
-        .max(1);
+    let groups = group_count(caches, &rows, n, concurrency);
     let per = n.div_ceil(groups).max(1);
     let run = |chunk: &[u32]| read_group(caches, &rows, chunk);
     let chunks: Vec<&[u32]> = order.chunks(per).collect();
@@ -162,6 +143,32 @@ struct GroupOutput<'a> {
     buffers: Vec<Local<'a>>,
     /// (input row, view)
     views: Vec<(u32, u128)>,
+}
+
+/// The groups to read `rows` (`n` of them) in: up to `concurrency`, each of
+/// at least `MIN_ROWS_PER_GROUP` rows and, by estimate, `MIN_BYTES_PER_GROUP`
+/// payload bytes.
+fn group_count(caches: &CacheSet, rows: &[(u32, u64)], n: usize, concurrency: usize) -> usize {
+    // Splitting is decided on the caches' mean record size (the entries are
+    // read inside the groups); a compressed record costs about its decoded
+    // size, some 4x what is stored.
+    let mean: Vec<usize> = caches
+        .iter()
+        .map(|c| {
+            let stored = c.manifest().shard_bytes.iter().sum::<u64>() / c.records().max(1);
+            let decode = if c.manifest().codec == Codec::None {
+                1
+            } else {
+                4
+            };
+            (stored * decode) as usize
+        })
+        .collect();
+    let estimate: usize = rows.iter().map(|&(c, _)| mean[c as usize]).sum();
+    concurrency
+        .min(n.div_ceil(MIN_ROWS_PER_GROUP))
+        .min(estimate.div_ceil(MIN_BYTES_PER_GROUP))
+        .max(1)
 }
 
 fn read_group<'a>(

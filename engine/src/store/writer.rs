@@ -15,6 +15,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 
 use super::checksum::crc32c;
 use super::chunks::{self, ChunkTable};
+use super::host::records;
 use super::codec::{Codec, Compressor};
 use super::format::{
     encode_index_header, encode_shard_header, shard_file_name, IndexEntry, ATTRIBUTES_FILE,
@@ -208,75 +209,15 @@ impl CacheWriter {
     /// reserved columns. Returns the published manifest and directory.
     pub fn finish(mut self, attributes: RecordBatch) -> Result<(Manifest, PathBuf)> {
         let name = self.name.clone();
-        if self.records == 0 {
-            return Err(Error::invalid(format!(
-                "source {name:?} yielded no samples"
-            )));
-        }
-        if attributes.num_columns() > 0 && attributes.num_rows() as u64 != self.records {
-            return Err(Error::invalid(format!(
-                "source {name:?}: {} attribute rows for {} records",
-                attributes.num_rows(),
-                self.records
-            )));
-        }
-        for field in attributes.schema().fields() {
-            super::check_column_name(field.name())
-                .map_err(|e| Error::invalid(format!("source {name:?}: metadata key: {e}")))?;
-            if super::RESERVED_COLUMNS.contains(&field.name().as_str()) {
-                return Err(Error::invalid(format!(
-                    "source {name:?}: metadata key {:?} is reserved (cache_id, sample_id and weight are set by DatasetRT)",
-                    field.name()
-                )));
-            }
-        }
+        check_attributes(&name, self.records, &attributes)?;
         let out = self.drain()?;
         let staging = self.staging.clone();
 
         // index
-        let mut body = Vec::with_capacity(out.entries.len() * 32);
-        for e in &out.entries {
-            body.extend_from_slice(&e.encode());
-        }
-        let index_crc32c = crc32c(&body);
-        let mut index = encode_index_header(out.entries.len() as u64, index_crc32c).to_vec();
-        index.extend_from_slice(&body);
-        let index_path = staging.join(INDEX_FILE);
-        write_atomic(&index_path, &index)?;
-        // chunk tables: a reader checks the chunks it reads, once per host,
-        // instead of every file whole at every open (see reader.rs)
-        let entries = ChunkTable {
-            file_len: body.len() as u64,
-            file_crc: index_crc32c,
-            crcs: chunks::chunk_crcs(&body),
-        };
-        entries.write_sidecar(&index_path)?;
-        chunks::record_checked(&index_path, entries.crcs.len());
+        let index_crc32c = write_index(&staging, &out.entries)?;
 
         // attributes, with sample_id first
-        let n = self.records as usize;
-        let mut fields: Vec<Arc<Field>> =
-            vec![Arc::new(Field::new("sample_id", DataType::Int64, false))];
-        let mut columns: Vec<ArrayRef> = vec![Arc::new(Int64Array::from_iter_values(0..n as i64))];
-        fields.extend(attributes.schema().fields().iter().cloned());
-        columns.extend(attributes.columns().iter().cloned());
-        let schema = Arc::new(Schema::new(fields));
-        let batch = RecordBatch::try_new_with_options(
-            schema.clone(),
-            columns,
-            &RecordBatchOptions::new().with_row_count(Some(n)),
-        )?;
-        let attributes_path = staging.join(ATTRIBUTES_FILE);
-        let attributes = ipc::write_temp(&attributes_path, &schema, &[batch])?;
-        fs::rename(&attributes.path, &attributes_path).map_err(Error::io(&attributes_path))?;
-        let table = ChunkTable::of_file(&attributes_path).map_err(Error::io(&attributes_path))?;
-        if (table.file_len, table.file_crc) != (attributes.len, attributes.crc) {
-            return Err(Error::io(&attributes_path)(std::io::Error::other(
-                "the attributes file reads back other than it was written",
-            )));
-        }
-        table.write_sidecar(&attributes_path)?;
-        chunks::record_checked(&attributes_path, table.crcs.len());
+        let attributes = write_attributes(&staging, self.records, &attributes)?;
 
         let manifest = Manifest {
             name: name.clone(),
@@ -306,6 +247,91 @@ impl CacheWriter {
         sync_dir(&self.root)?;
         Ok((manifest, final_dir))
     }
+}
+
+/// The `attributes` of source `name`'s `records` records: one row per record
+/// (or no columns), under names that are valid and not reserved.
+fn check_attributes(name: &str, records: u64, attributes: &RecordBatch) -> Result<()> {
+    if records == 0 {
+        return Err(Error::invalid(format!(
+            "source {name:?} yielded no samples"
+        )));
+    }
+    if attributes.num_columns() > 0 && attributes.num_rows() as u64 != records {
+        return Err(Error::invalid(format!(
+            "source {name:?}: {} attribute rows for {} records",
+            attributes.num_rows(),
+            records
+        )));
+    }
+    for field in attributes.schema().fields() {
+        super::check_column_name(field.name())
+            .map_err(|e| Error::invalid(format!("source {name:?}: metadata key: {e}")))?;
+        if super::RESERVED_COLUMNS.contains(&field.name().as_str()) {
+            return Err(Error::invalid(format!(
+                "source {name:?}: metadata key {:?} is reserved (cache_id, sample_id and weight are set by DatasetRT)",
+                field.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Write the index of `index_entries` into `staging`, and its chunk table; the
+/// CRC-32C of the entries.
+fn write_index(staging: &Path, index_entries: &[IndexEntry]) -> Result<u32> {
+    let mut body = Vec::with_capacity(index_entries.len() * 32);
+    for e in index_entries {
+        body.extend_from_slice(&e.encode());
+    }
+    let index_crc32c = crc32c(&body);
+    let mut index = encode_index_header(index_entries.len() as u64, index_crc32c).to_vec();
+    index.extend_from_slice(&body);
+    let index_path = staging.join(INDEX_FILE);
+    write_atomic(&index_path, &index)?;
+    // chunk tables: a reader checks the chunks it reads, once per host,
+    // instead of every file whole at every open (see reader.rs)
+    let entries = ChunkTable {
+        file_len: body.len() as u64,
+        file_crc: index_crc32c,
+        crcs: chunks::chunk_crcs(&body),
+    };
+    entries.write_sidecar(&index_path)?;
+    records::record_checked(&index_path, entries.crcs.len());
+    Ok(index_crc32c)
+}
+
+/// Write the attributes of the `records` records into `staging` (a
+/// `sample_id` column, then `attributes`' columns), and its chunk table.
+fn write_attributes(
+    staging: &Path,
+    records: u64,
+    attributes: &RecordBatch,
+) -> Result<ipc::Written> {
+    let n = records as usize;
+    let mut fields: Vec<Arc<Field>> =
+        vec![Arc::new(Field::new("sample_id", DataType::Int64, false))];
+    let mut columns: Vec<ArrayRef> = vec![Arc::new(Int64Array::from_iter_values(0..n as i64))];
+    fields.extend(attributes.schema().fields().iter().cloned());
+    columns.extend(attributes.columns().iter().cloned());
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new_with_options(
+        schema.clone(),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(n)),
+    )?;
+    let attributes_path = staging.join(ATTRIBUTES_FILE);
+    let written = ipc::write_temp(&attributes_path, &schema, &[batch])?;
+    fs::rename(&written.path, &attributes_path).map_err(Error::io(&attributes_path))?;
+    let table = ChunkTable::of_file(&attributes_path).map_err(Error::io(&attributes_path))?;
+    if (table.file_len, table.file_crc) != (written.len, written.crc) {
+        return Err(Error::io(&attributes_path)(std::io::Error::other(
+            "the attributes file reads back other than it was written",
+        )));
+    }
+    table.write_sidecar(&attributes_path)?;
+    records::record_checked(&attributes_path, table.crcs.len());
+    Ok(written)
 }
 
 impl Drop for CacheWriter {

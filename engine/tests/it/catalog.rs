@@ -400,7 +400,7 @@ fn a_partitioned_snapshot_reads_as_one_population() {
     // a partition's file holds its rows only (4 of a cache's rows, against
     // all 15 in one file; values are padded to 64 bytes, so 4 and 15 Int64s
     // differ by 64)
-    let sample_file = |m: &datasetrt::catalog::Manifest| {
+    let sample_file = |m: &datasetrt::catalog::SnapshotManifest| {
         m.partitions[0]
             .columns
             .iter()

@@ -1,3 +1,8 @@
+#![allow(
+    clippy::too_many_lines,
+    reason = "a test reads as one scenario from set-up to the property it checks"
+)]
+
 mod catalog;
 #[cfg(feature = "distributed")]
 mod distributed;

@@ -188,26 +188,9 @@ fn rewrite(join: &HashJoinExec) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
         visible,
     } = side;
     // the join keys must be exactly the identity, each matched once
-    let mut cache_col = None;
-    let mut sample_col = None;
-    for (l, r) in join.on() {
-        let (scan_side, other_side) = if scan_is_left { (l, r) } else { (r, l) };
-        let (Some((si, _)), Some((oi, _))) = (column_index(scan_side), column_index(other_side))
-        else {
-            return Ok(None);
-        };
-        match visible.get(si).and_then(|&i| scan.columns().get(i)) {
-            Some(PayloadColumn::CacheId) if cache_col.is_none() => cache_col = Some(oi),
-            Some(PayloadColumn::SampleId) if sample_col.is_none() => sample_col = Some(oi),
-            _ => return Ok(None),
-        }
-    }
-    let (Some(cache_col), Some(sample_col)) = (cache_col, sample_col) else {
+    let Some((cache_col, sample_col)) = identity_keys(join, scan, &visible, scan_is_left) else {
         return Ok(None);
     };
-    if join.on().len() != 2 {
-        return Ok(None);
-    }
     // A filter on the payload side splits: conditions on the identity alone
     // (often inferred from the other side's, e.g. `m.sample_id < 500` gives
     // `p.sample_id < 500`) run on the other side before any byte is read;
@@ -239,6 +222,53 @@ fn rewrite(join: &HashJoinExec) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
         None => take,
     };
     let scan_n = scan.columns().len();
+    let out = as_join_output(join, take, &visible, scan_is_left, other_n, scan_n)?;
+    Ok(Some(deliver_as(join, out)?))
+}
+
+/// The other side's columns that the join keys match with the scan's
+/// `cache_id` and `sample_id` (`visible`: the scan columns its side passes
+/// on), if the keys are exactly the identity, each matched once.
+fn identity_keys(
+    join: &HashJoinExec,
+    scan: &PayloadScanExec,
+    visible: &[usize],
+    scan_is_left: bool,
+) -> Option<(usize, usize)> {
+    let mut cache_col = None;
+    let mut sample_col = None;
+    for (l, r) in join.on() {
+        let (scan_side, other_side) = if scan_is_left { (l, r) } else { (r, l) };
+        let (Some((si, _)), Some((oi, _))) = (column_index(scan_side), column_index(other_side))
+        else {
+            return None;
+        };
+        match visible.get(si).and_then(|&i| scan.columns().get(i)) {
+            Some(PayloadColumn::CacheId) if cache_col.is_none() => cache_col = Some(oi),
+            Some(PayloadColumn::SampleId) if sample_col.is_none() => sample_col = Some(oi),
+            _ => return None,
+        }
+    }
+    let (Some(cache_col), Some(sample_col)) = (cache_col, sample_col) else {
+        return None;
+    };
+    if join.on().len() != 2 {
+        return None;
+    }
+    Some((cache_col, sample_col))
+}
+
+/// `take` (the other side's `other_n` columns, then the scan's `scan_n`)
+/// delivering the join's columns in the join's order: the `visible` scan
+/// columns on the scan's side (`scan_is_left`), then the join's projection.
+fn as_join_output(
+    join: &HashJoinExec,
+    take: Arc<dyn ExecutionPlan>,
+    visible: &[usize],
+    scan_is_left: bool,
+    other_n: usize,
+    scan_n: usize,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
     let seen: Vec<usize> = visible.iter().map(|&i| other_n + i).collect();
     let join_order: Vec<usize> = if scan_is_left {
         seen.iter().copied().chain(0..other_n).collect()
@@ -266,7 +296,7 @@ fn rewrite(join: &HashJoinExec) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
             .collect();
         Arc::new(ProjectionExec::try_new(exprs, take)?)
     };
-    Ok(Some(deliver_as(join, out)?))
+    Ok(out)
 }
 
 /// `out`, which computes the rows of `join`, made to deliver what the join

@@ -12,6 +12,7 @@ use crate::store::format::{
     shard_file_name, ATTRIBUTES_FILE, INDEX_FILE, INDEX_HEADER_LEN, MANIFEST_FILE, SHARD_HEADER_LEN,
 };
 use crate::store::fs;
+use crate::store::host::records;
 use crate::{Error, Result};
 
 impl Remote {
@@ -113,7 +114,7 @@ fn chunk_tables(dir: &Path, manifest: &crate::store::Manifest, fresh: bool) {
                 crcs: chunks::chunk_crcs(entries),
             };
             if table.write_sidecar(&index).is_ok() {
-                chunks::record_checked(&index, table.crcs.len());
+                records::record_checked(&index, table.crcs.len());
             }
         }
     }
@@ -124,7 +125,7 @@ fn chunk_tables(dir: &Path, manifest: &crate::store::Manifest, fresh: bool) {
             if (table.file_len, table.file_crc) == (len, crc)
                 && table.write_sidecar(&attributes).is_ok()
             {
-                chunks::record_checked(&attributes, table.crcs.len());
+                records::record_checked(&attributes, table.crcs.len());
             }
         }
     }

@@ -270,6 +270,46 @@ def test_empty_source(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ({"codec": "gzip"}, "codec"),
+        ({"codec": 3}, "codec must be a str"),
+        ({"level": 99}, "zstd level 99 is outside"),
+        ({"level": 2.5}, "level must be an int"),
+        ({"level": True}, "level must be an int"),
+        ({"shard_bytes": 0}, "shard_bytes must be positive"),
+        ({"shard_bytes": -1}, "shard_bytes must be in"),
+        ({"threads": 0}, "threads must be positive"),
+    ],
+)
+def test_bad_writer_options_are_refused_before_a_source_is_read(tmp_path, options, needle):
+    """build's writer options are one engine-side spec, checked as a whole
+    before the first record is read: nothing is written or iterated."""
+    src = Source("opts-v1", 3)
+    with pytest.raises(InvalidInputError, match=needle):
+        drt.build(tmp_path, [src], progress=False, **options)
+    assert src.iterations == 0
+    assert not tmp_path.exists() or list(tmp_path.iterdir()) == []
+
+
+def test_the_writer_spec_holds_the_defaults_and_travels_whole():
+    """One owner of the defaults (the engine's WriterOptions); a spec pickles
+    to the same spec, as build's processes and Ray's tasks receive it."""
+    import pickle
+
+    spec = drt._native.WriterSpec()
+    assert (spec.codec, spec.level, spec.shard_bytes) == ("zstd", 3, 256 << 20)
+    assert drt._native.WriterSpec(level=None) == spec  # None keeps the default
+    lz4 = spec.replace(codec="lz4", shard_bytes=1 << 20)
+    assert pickle.loads(pickle.dumps(lz4)) == lz4 != spec
+    assert lz4.to_dict()["codec"] == "lz4"
+    with pytest.raises(InvalidInputError, match='unknown writer option "shard_size"'):
+        spec.replace(shard_size=1)
+    # the level is checked for zstd only: other codecs ignore it
+    assert drt._native.WriterSpec(codec="none", level=99).level == 99
+
+
 def test_two_sources_with_one_name(tmp_path):
     with pytest.raises(InvalidInputError, match="two sources are named 'twin-v1'"):
         drt.build(tmp_path, [Source("twin-v1", 3), Source("twin-v1", 4)], progress=False)

@@ -80,16 +80,8 @@ def test_each_read_task_reads_a_contiguous_range_of_the_sequence(two_caches):
     from datasetrt.ray import DrawsDatasource
 
     ds, _, _ = two_caches  # 800 rows: 32 loader batches of 25
-    source = DrawsDatasource(
-        ds,
-        batch_size=BS,
-        seed=9,
-        epoch=0,
-        sampling="balanced",
-        epoch_len=None,
-        threads=1,
-        prefetch_bytes=1 << 20,
-    )
+    spec = ds.loader_spec(BS, seed=9, sampling="balanced", threads=1, prefetch_bytes=1 << 20)
+    source = DrawsDatasource(ds, spec)
     tasks = source.get_read_tasks(6)
     assert len(tasks) == 6
     expected = loader_rows(ds, seed=9, sampling="balanced")
@@ -121,6 +113,11 @@ def test_to_ray_keeps_its_snapshot_and_checks_arguments_before_any_task(cluster,
         ds.to_ray(batch_size=0, seed=3)
     with pytest.raises(drt.InvalidInputError):
         ds.to_ray(batch_size=BS, seed=3, sampling="no-such-mode")
+    # one process reads the epoch and Ray splits it: no ranks, runs or resume
+    with pytest.raises(drt.InvalidInputError, match="rank 0 of 1"):
+        ds.to_ray(batch_size=BS, seed=3, world_size=2)
+    with pytest.raises(drt.InvalidInputError, match="no run"):
+        ds.to_ray(batch_size=BS, seed=3, run="r1")
 
 
 def items(n: int) -> list[dict]:

@@ -478,7 +478,7 @@ def test_a_damaged_segment_is_a_corrupt_cache_error_naming_it_and_verify_reports
         second.write_bytes(damaged)
         with pytest.raises(drt.CorruptCacheError, match=second.name) as info:
             log.frame()
-        assert info.value.path == str(second)
+        assert os.fspath(info.value.path) == str(second)
         with pytest.raises(drt.CorruptCacheError, match=second.name):
             log.register("scores")
         report = ds.verify()

@@ -103,7 +103,7 @@ def test_a_copy_that_cannot_see_the_shared_plan_raises_instead_of_replaying(two_
     seen = run_child(script, blob.hex())
     assert seen.startswith("refused") and "will not silently replay" in seen, seen
     # a copy made in the owner's process is a dataset of its own
-    tds._shared.write({**tds._plan_record()})
+    tds._shared.write(tds.spec.to_dict())
     twin = pickle.loads(pickle.dumps(tds))
     twin.set_epoch(9)
     assert tds._shared.read()["epoch"] == 4 and twin._shared.read()["epoch"] == 9
@@ -195,6 +195,21 @@ def test_one_workers_state_is_refused_where_it_cannot_resume(two_caches, method)
     # the whole state resumes with another batch size only by refusing it
     with pytest.raises(drt.InvalidInputError, match="batch_size"):
         ds.to_torch(batch_size=BS + 1, seed=3).load_state_dict(state)
+
+
+def test_to_torch_takes_the_loaders_options_resume_included(two_caches):
+    """``to_torch`` holds one LoaderSpec made of :meth:`Dataset.loader`'s
+    options: ``resume=`` continues where a state left off, as
+    ``load_state_dict`` does, and a misspelt option is refused by name."""
+    ds = two_caches[0]
+    whole = fresh(ds, 0)
+    tds = ds.to_torch(batch_size=BS, seed=3)
+    state = tds.state_dict(batches_seen=5)
+    resumed = ds.to_torch(batch_size=BS, seed=3, resume=state)
+    assert [ids(b) for b in DataLoader(resumed, batch_size=None, num_workers=0)] == whole[5:]
+    assert resumed.spec.batch_size == BS and resumed.spec.version == ds.version
+    with pytest.raises(drt.InvalidInputError, match='unknown loader option "epoch_length"'):
+        ds.to_torch(batch_size=BS, seed=3, epoch_length=10)
 
 
 def test_an_update_between_epochs_does_not_reach_a_pinned_loader(two_caches):

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _native, exceptions
-from ._build import CacheInput, build_sources, check_names
+from ._build import CacheInput, build_sources, check_names, writer_spec
 from ._native import __version__
 from ._state import check_int, check_text
 from .dataset import Dataset, PathLike, _storage_options
@@ -84,9 +84,9 @@ def build(
     root: PathLike,
     sources: Sequence[Any],
     *,
-    codec: str = "zstd",
-    level: int = 3,
-    shard_bytes: int = 256 << 20,
+    codec: str | None = None,
+    level: int | None = None,
+    shard_bytes: int | None = None,
     threads: int | None = None,
     snapshot_dir: PathLike | None = None,
     progress: bool = True,
@@ -101,9 +101,13 @@ def build(
     :class:`CacheInput` (or ``(bytes, dict)`` pairs). A source whose name is
     already published under ``root`` is reused without iterating it: **a
     changed preprocessing needs a new source name (e.g. ``digits-v2``) or a
-    new root.** Payloads are compressed with ``codec`` ("zstd", "lz4" or
-    "none") on native threads while Python iterates; each cache is published
-    atomically (a crash leaves the whole cache or nothing).
+    new root.** Payloads are compressed with ``codec`` ("zstd", the
+    default, "lz4" or "none"; zstd at ``level``, default 3) into shards of
+    about ``shard_bytes`` (default 256 MiB) on native threads while Python
+    iterates; each cache is published atomically (a crash leaves the whole
+    cache or nothing). These options become one ``_native.WriterSpec``,
+    which holds the defaults and checks every value before any source is
+    read.
 
     ``root`` may be a bucket URL (``s3://bucket/prefix``, see :func:`open`
     for ``storage_options``, ``cache_dir`` and ``cache_bytes``): each cache is
@@ -131,7 +135,7 @@ def build(
         raise InvalidInputError("build() needs at least one source")
     names = check_names(sources)
     processes = check_int(processes, "processes", 1, 1024)
-    check_text(codec, "codec")
+    spec = writer_spec(codec, level, shard_bytes, threads)
     url = check_text(os.fspath(root), "the root URL") if _is_url(root) else None
     options = _storage_options(storage_options)
     if url is None:
@@ -147,9 +151,7 @@ def build(
         upload=None if url is None else (url, options, staging_dir),
         progress=progress,
         snapshot_dir=None if snapshot_dir is None else os.fspath(snapshot_dir),
-        codec=codec,
-        level=level,
-        shard_bytes=shard_bytes,
+        spec=spec,
         threads=threads,
     )
     if url is None:
@@ -170,9 +172,9 @@ def build_ray(
     name: str,
     data_column: str = "data",
     metadata_columns: Sequence[str] = (),
-    codec: str = "zstd",
-    level: int = 3,
-    shard_bytes: int = 256 << 20,
+    codec: str | None = None,
+    level: int | None = None,
+    shard_bytes: int | None = None,
     threads: int | None = 1,
     snapshot_dir: PathLike | None = None,
 ) -> Dataset:
@@ -198,10 +200,7 @@ def build_ray(
         name=name,
         data_column=data_column,
         metadata_columns=metadata_columns,
-        codec=codec,
-        level=level,
-        shard_bytes=shard_bytes,
-        threads=threads,
+        spec=writer_spec(codec, level, shard_bytes, threads),
     )
     return Dataset(caches, snapshot_dir=snapshot_dir)
 

@@ -119,21 +119,26 @@ def source_name(source: object) -> str:
     return check_text(name, "a source name")
 
 
+def writer_spec(
+    codec: str | None, level: int | None, shard_bytes: int | None, threads: int | None
+) -> _native.WriterSpec:
+    """The engine's writer options of ``build``'s arguments (``None``: its
+    default), checked before any source is read."""
+    if codec is not None:
+        check_text(codec, "codec")  # names the position of a character UTF-8 cannot hold
+    return _native.WriterSpec(codec=codec, level=level, shard_bytes=shard_bytes, threads=threads)
+
+
 def write_source(
     root: Path,
     name: str,
     source: Iterable[Any],
     *,
-    codec: str,
-    level: int,
-    shard_bytes: int,
-    threads: int | None,
+    spec: _native.WriterSpec,
     progress: bool,
 ) -> dict[str, Any]:
-    """Iterate `source` once and publish it as cache `root/name`."""
-    writer = _native.CacheWriter(
-        os.fspath(root), name, codec=codec, level=level, shard_bytes=shard_bytes, threads=threads
-    )
+    """Iterate `source` once and publish it as cache `root/name`, written as `spec` says."""
+    writer = _native.CacheWriter(os.fspath(root), name, spec)
     total = len(source) if hasattr(source, "__len__") else None  # type: ignore[arg-type]
     bar = Progress(f"caching {name}", total, enabled=progress, unit=" samples")
     try:
@@ -246,7 +251,8 @@ def build_sources(
     upload: tuple[str, list[tuple[str, str]] | None, str | None] | None,
     progress: bool,
     snapshot_dir: str | None = None,
-    **options: Any,
+    spec: _native.WriterSpec,
+    threads: int | None = None,
 ) -> None:
     """Cache each ``(name, source)`` under ``local`` (and upload it, when
     ``upload`` is ``(url, storage options, staging dir)``) unless it is
@@ -254,11 +260,13 @@ def build_sources(
     processes, each cache published as it finishes. A local cache large
     enough to be partitions of its own gets them where ``snapshot_dir``
     (default ``<local>/_snapshots``) keeps snapshots, built by the process
-    that wrote it: the first ``open`` links them."""
+    that wrote it: the first ``open`` links them. ``spec`` says how caches
+    are written; without ``threads`` the cores are shared between the
+    processes."""
     if processes == 1:
         for name, source in sources:
             build_source(
-                local, name, source, upload, progress=progress, snapshot_dir=snapshot_dir, **options
+                local, name, source, upload, progress=progress, snapshot_dir=snapshot_dir, spec=spec
             )
         return
     for name, source in sources:
@@ -269,8 +277,8 @@ def build_sources(
                 f"source {name!r} cannot be sent to a build process ({type(e).__name__}: {e}); "
                 f"define its class in a module, or build with processes=1"
             ) from None
-    if options.get("threads") is None:  # the cores, shared between the processes
-        options["threads"] = max(1, (os.cpu_count() or 1) // processes)
+    if threads is None:  # the cores, shared between the processes
+        spec = spec.replace(threads=max(1, (os.cpu_count() or 1) // processes))
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
@@ -295,7 +303,7 @@ def build_sources(
                 upload,
                 progress=False,
                 snapshot_dir=snapshot_dir,
-                **options,
+                spec=spec,
             )
             for name, source in sources
         ]
@@ -320,13 +328,13 @@ def build_source(
     *,
     progress: bool,
     snapshot_dir: str | None = None,
-    **options: Any,
+    spec: _native.WriterSpec,
 ) -> str:
     """Cache one source under ``local`` unless it is published there; upload
     it when ``upload`` says where, else give it its partitions (see
     :func:`build_sources`)."""
     if not _native.is_cache_dir(local / name):
-        write_source(local, name, source, progress=progress, **options)
+        write_source(local, name, source, progress=progress, spec=spec)
         if upload is None:
             _native.prepare_partitions(local / name, snapshot_dir)
     if upload is not None:  # every record is checked before the upload

@@ -797,9 +797,8 @@ class Dataset:
         of a group repeats or is skipped because the shares moved). Use one
         name per run: a name's schedule is replayed by every loader of it.
         """
-        rank, world_size = distributed_defaults(rank, world_size)
-        spec = _native.LoaderSpec(
-            batch_size=batch_size,
+        spec = self.loader_spec(
+            batch_size,
             seed=seed,
             epoch=epoch,
             sampling=sampling,
@@ -814,6 +813,17 @@ class Dataset:
             run=run,
         )
         return Loader(self, spec)
+
+    def loader_spec(self, batch_size: int = 64, **options: Any) -> _native.LoaderSpec:
+        """The request :meth:`loader` makes of its options (the same names and
+        defaults, ``rank`` and ``world_size`` filled in as it says), checked
+        once: what :meth:`to_torch` and :meth:`to_ray` hold and pass on.
+        ``version`` (a number or a tag) reads that snapshot instead of the
+        active one."""
+        rank, world_size = distributed_defaults(options.pop("rank", None), options.pop("world_size", None))
+        if options.get("version") is not None:
+            options["version"] = self.resolve(options["version"])
+        return _native.LoaderSpec(batch_size=batch_size, rank=rank, world_size=world_size, **options)
 
     def iter(
         self,
@@ -899,15 +909,45 @@ class Dataset:
         order (what :class:`datasetrt.Loader` and the Ray adapter wrap)."""
         return self._native.start(spec)
 
-    def to_torch(self, batch_size: int = 64, *, seed: int, epoch: int = 0, **options: Any):
-        """A ``torch.utils.data.IterableDataset`` of batches; see :mod:`datasetrt.torch`."""
-        from .torch import TorchDataset
+    def to_torch(
+        self,
+        batch_size: int = 64,
+        *,
+        seed: int,
+        epoch: int = 0,
+        transform: Any = None,
+        follow: str | None = None,
+        **options: Any,
+    ):
+        """A ``torch.utils.data.IterableDataset`` of batches; see :mod:`datasetrt.torch`.
 
-        return TorchDataset(self, batch_size=batch_size, seed=seed, epoch=epoch, **options)
+        ``options`` are those of :meth:`loader`; ``transform`` turns a
+        :class:`Batch` into what the DataLoader yields (default: a dict of
+        tensors), and ``follow="head"`` draws each epoch from the head."""
+        from .torch import TorchDataset, default_output
 
-    def to_ray(self, batch_size: int = 64, *, seed: int, epoch: int = 0, **options: Any):
+        spec = self.loader_spec(batch_size, seed=seed, epoch=epoch, **options)
+        return TorchDataset(self, spec, transform=transform or default_output, follow=follow)
+
+    def to_ray(
+        self,
+        batch_size: int = 64,
+        *,
+        seed: int,
+        epoch: int = 0,
+        override_num_blocks: int | None = None,
+        **options: Any,
+    ):
         """A ``ray.data.Dataset`` of one epoch's draws, in the order of
-        :meth:`loader` on one process; see :mod:`datasetrt.ray`."""
+        :meth:`loader` on one process; see :mod:`datasetrt.ray`.
+
+        ``options`` are those of :meth:`loader` for one process (rank 0 of
+        1, no ``resume`` or ``run``); ``threads`` defaults to 1, as Ray
+        counts a read task as one CPU."""
         from .ray import read_draws
 
-        return read_draws(self, batch_size=batch_size, seed=seed, epoch=epoch, **options)
+        options.setdefault("threads", 1)
+        options.setdefault("rank", 0)
+        options.setdefault("world_size", 1)
+        spec = self.loader_spec(batch_size, seed=seed, epoch=epoch, **options)
+        return read_draws(self, spec, override_num_blocks=override_num_blocks)

@@ -49,37 +49,31 @@ BLOCK_BYTES = 64 << 20
 class DrawsDatasource(Datasource):
     """The draws of one epoch of a :class:`~datasetrt.Dataset` as a Ray datasource.
 
-    Use :meth:`datasetrt.Dataset.to_ray`; the arguments are those of
-    :meth:`datasetrt.Dataset.loader` for one process (rank 0 of 1).
+    Use :meth:`datasetrt.Dataset.to_ray`; ``spec`` is a request of
+    :meth:`datasetrt.Dataset.loader_spec` for one process (rank 0 of 1),
+    without ``resume`` or ``run``.
     """
 
-    def __init__(
-        self,
-        dataset: Dataset,
-        *,
-        batch_size: int,
-        seed: int,
-        epoch: int,
-        sampling: str,
-        epoch_len: int | None,
-        threads: int | None,
-        prefetch_bytes: int | None,
-    ):
+    def __init__(self, dataset: Dataset, spec: _native.LoaderSpec):
         super().__init__()
+        if not isinstance(spec, _native.LoaderSpec):
+            raise InvalidInputError(f"spec must be a LoaderSpec, not {type(spec).__name__}")
+        spread = {k: getattr(spec, k) for k in ("rank", "world_size", "worker", "num_workers")}
+        if spread != {"rank": 0, "world_size": 1, "worker": 0, "num_workers": 1}:
+            raise InvalidInputError(
+                "a Ray dataset reads the whole epoch as one process (rank 0 of 1, worker 0 "
+                f"of 1) and Ray splits it among its tasks; this spec has {spread}"
+            )
+        for name in ("resume", "run"):
+            if getattr(spec, name) is not None:
+                raise InvalidInputError(f"a Ray dataset reads whole epochs: it takes no {name}")
+        if spec.start_block != 0:
+            raise InvalidInputError("a Ray dataset reads whole epochs: leave start_block at 0")
         self.dataset = dataset
-        self.version = dataset.version
+        self.version = dataset.version if spec.version is None else spec.version
         # one request, checked once here (not in a task); it travels with the
         # read tasks, each of which plans and reads its own range of blocks
-        self.spec = _native.LoaderSpec(
-            batch_size=batch_size,
-            seed=seed,
-            epoch=epoch,
-            sampling=sampling,
-            epoch_len=epoch_len,
-            version=self.version,
-            threads=threads,
-            prefetch_bytes=prefetch_bytes,
-        )
+        self.spec = spec.replace(version=self.version)
         plan = self.plan()
         self.epoch_len, self.blocks = plan.epoch_len, plan.blocks
         frame = dataset.get_metadata(self.version)
@@ -163,28 +157,10 @@ def _arrow(frame: pl.DataFrame, data: list[bytes]) -> pa.Table:
 
 
 def read_draws(
-    dataset: Dataset,
-    *,
-    batch_size: int,
-    seed: int,
-    epoch: int = 0,
-    sampling: str = "replacement",
-    epoch_len: int | None = None,
-    threads: int | None = 1,  # Ray counts a read task as one CPU
-    prefetch_bytes: int | None = None,
-    override_num_blocks: int | None = None,
+    dataset: Dataset, spec: _native.LoaderSpec, *, override_num_blocks: int | None = None
 ) -> ray.data.Dataset:
     """See :meth:`datasetrt.Dataset.to_ray`."""
-    source = DrawsDatasource(
-        dataset,
-        batch_size=batch_size,
-        seed=seed,
-        epoch=epoch,
-        sampling=sampling,
-        epoch_len=epoch_len,
-        threads=threads,
-        prefetch_bytes=prefetch_bytes,
-    )
+    source = DrawsDatasource(dataset, spec)
     if override_num_blocks is not None:
         check_int(override_num_blocks, "override_num_blocks", 1)
     rds = ray.data.read_datasource(source, override_num_blocks=override_num_blocks)
@@ -233,10 +209,7 @@ def _write_part(
     name: str,
     data_column: str,
     metadata_columns: list[str],
-    codec: str,
-    level: int,
-    shard_bytes: int,
-    threads: int | None,
+    spec: _native.WriterSpec,
 ) -> dict[str, Any]:
     """Publish one block as cache ``root/name`` (runs in a Ray task)."""
     from ._arrow import arrow_stream
@@ -253,9 +226,7 @@ def _write_part(
     if column.null_count:
         raise InvalidInputError(f"{name}: data column {data_column!r} holds nulls")
     meta = _metadata_frame(table, metadata_columns, name)
-    writer = _native.CacheWriter(
-        root, name, codec=codec, level=level, shard_bytes=shard_bytes, threads=threads
-    )
+    writer = _native.CacheWriter(root, name, spec)
     try:
         datas: list[bytes] = []
         pending = 0
@@ -301,10 +272,7 @@ def write_parts(
     name: str,
     data_column: str = "data",
     metadata_columns: Sequence[str] = (),
-    codec: str = "zstd",
-    level: int = 3,
-    shard_bytes: int = 256 << 20,
-    threads: int | None = 1,
+    spec: _native.WriterSpec | None = None,
 ) -> list[Path]:
     """Cache a Ray dataset under ``root``, one cache per non-empty Ray block,
     written by parallel Ray tasks; returns the cache directories, in name order.
@@ -313,13 +281,16 @@ def write_parts(
     what this returns: this module never imports the package's ``Dataset``,
     so ``datasetrt`` and ``datasetrt.dataset`` import it in functions without
     an import cycle. If the parts of ``name`` are already published under
-    ``root`` they are returned without running the Ray dataset.
+    ``root`` they are returned without running the Ray dataset. ``spec``
+    says how each part is written (default: one compressor thread per
+    task, as Ray counts a task as one CPU).
     """
+    if spec is None:
+        spec = _native.WriterSpec(threads=1)
     if not isinstance(name, str):
         raise InvalidInputError(f"name must be a str, got {name!r}")
     _native.check_source_name(f"{check_text(name, 'name')}-00000-of-00000")
     check_text(data_column, "data_column")
-    check_text(codec, "codec")
     metadata_columns = list(metadata_columns)
     for column in metadata_columns:
         check_text(column, "a metadata column")
@@ -368,10 +339,7 @@ def write_parts(
                     part,
                     data_column,
                     metadata_columns,
-                    codec,
-                    level,
-                    shard_bytes,
-                    threads,
+                    spec,
                 )
                 for ref, part in zip(blocks, names, strict=True)
             ]

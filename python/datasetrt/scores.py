@@ -66,10 +66,8 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from . import _native
-from ._state import U64, check_epoch, check_int, check_text, distributed_defaults, printable
+from ._state import U64, check_epoch, check_int, check_text, distributed_defaults
 from .exceptions import (
-    CacheNotFoundError,
-    CorruptCacheError,
     DatasetRTError,
     InvalidInputError,
     StorageError,
@@ -95,10 +93,6 @@ SCHEMA = {
     "rank": pl.UInt32,
 }
 KEY = ["run", "epoch", "position"]
-#: The columns of a segment file (the engine's ``SEGMENT_SCHEMA``).
-SEGMENT_SCHEMA = pl.Schema({k: v for k, v in SCHEMA.items() if k != "run"})
-#: What an Arrow IPC file starts (then two padding bytes) and ends with.
-_MAGIC = b"ARROW1"
 
 _I64 = 1 << 63
 _TEMP_PREFIX = ".tmp-"
@@ -328,72 +322,19 @@ class ScoreLog:
 
 
 def _newest(directory: Path, run: str) -> pl.DataFrame | None:
-    """The rows of one run's segments, the newest of each (epoch, position)."""
-    segments = _segments(directory)  # oldest first: the last row of a key is the newest
-    if not segments:
+    """The rows of one run's segments, the newest of each (epoch, position):
+    read and checked by the engine (``catalog::scores::read_run``)."""
+    table = _native.read_score_run(os.fspath(directory))
+    if table is None:
         return None
-    rows = _read_segments(segments)
-    # one UInt64 key hashes about 3x faster than the pair, when both fit in it
-    bits = int(rows["position"].max()).bit_length()
-    if bits < 64 and int(rows["epoch"].max()).bit_length() + bits <= 64:
-        key = pl.col("epoch") * pl.lit(1 << bits, pl.UInt64) + pl.col("position")
-    else:
-        key = pl.struct("epoch", "position")
-    rows = rows.filter(key.is_last_distinct())
+    rows = pl.DataFrame(table)
     return rows.with_columns(run=pl.lit(run, pl.String)).select(list(SCHEMA))
-
-
-def _read_segments(segments: list[Path]) -> pl.DataFrame:
-    """The rows of ``segments``, in order: scanned by polars at once, or, if
-    that fails (or a path is not UTF-8, which polars cannot take), read one
-    by one, so that a damaged segment is named (:func:`read_segment`)."""
-    if all(printable(str(p)) == str(p) for p in segments):
-        try:
-            rows = pl.scan_ipc(segments).collect()
-            if rows.schema == SEGMENT_SCHEMA:
-                return rows
-        except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError):
-            pass  # find the segment at fault (or the file it cannot read) below
-    return pl.concat([read_segment(p) for p in segments])
-
-
-def read_segment(path: Path) -> pl.DataFrame:
-    """The rows of one segment file, checked: a whole Arrow IPC file (its
-    leading and trailing magic, a footer polars can read) of the segment
-    columns; else :class:`CorruptCacheError` naming it."""
-
-    def corrupt(detail: str) -> CorruptCacheError:
-        error = CorruptCacheError(f"score log segment {printable(str(path))}: {detail}")
-        error.path = str(path)
-        return error
-
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        error = CacheNotFoundError(f"score log segment {printable(str(path))} is gone")
-        error.path = str(path)
-        raise error from None
-    except OSError as exc:
-        error = StorageError(f"cannot read score log segment {printable(str(path))}: {exc}")
-        error.path = str(path)
-        raise error from exc
-    if len(data) < 2 * len(_MAGIC) or not (data.startswith(_MAGIC) and data.endswith(_MAGIC)):
-        raise corrupt(f"not a whole Arrow IPC file ({len(data)} bytes): cut short or overwritten")
-    try:
-        rows = pl.read_ipc(data)
-    # bytes in memory: an OSError is polars' word for an offset past them
-    except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError) as exc:
-        raise corrupt(f"unreadable Arrow IPC file ({len(data)} bytes): {exc}") from None
-    if rows.schema != SEGMENT_SCHEMA:
-        found, wanted = dict(rows.schema), dict(SEGMENT_SCHEMA)
-        raise corrupt(f"its columns are {found}, not a segment's {wanted}")
-    return rows
 
 
 def verify_logs(dataset: Dataset) -> list[dict[str, str]]:
     """A problem (``kind``, ``path``, ``message``, as :meth:`Dataset.verify`
     reports them) for each segment of each run of each score log of
-    ``dataset`` that :func:`read_segment` refuses. None for a remote
+    ``dataset`` that the engine's reader refuses. None for a remote
     dataset (it keeps no logs)."""
     if dataset.is_remote:
         return []
@@ -403,9 +344,9 @@ def verify_logs(dataset: Dataset) -> list[dict[str, str]]:
     problems = []
     for log in sorted(p for p in root.iterdir() if p.is_dir()):
         for run in sorted(p for p in log.iterdir() if p.is_dir()):
-            for segment in _segments(run):
+            for segment in _native.score_segments(os.fspath(run)):
                 try:
-                    read_segment(segment)
+                    _native.check_score_segment(segment)
                 except DatasetRTError as exc:
                     problems.append(
                         {"kind": type(exc).__name__, "path": str(segment), "message": str(exc)}
@@ -592,11 +533,3 @@ def _worker() -> str:
     data = sys.modules.get("torch.utils.data")
     info = data.get_worker_info() if data is not None else None
     return "main" if info is None else str(info.id)
-
-
-def _segments(directory: Path) -> list[Path]:
-    """The published segments of one run, oldest first (by name: ``written_ns`` first)."""
-    if not directory.is_dir():
-        return []
-    names = [e.name for e in os.scandir(directory) if e.name.endswith(".arrow")]
-    return [directory / n for n in sorted(names) if not n.startswith(".")]

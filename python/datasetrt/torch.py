@@ -35,7 +35,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from . import _native
 from ._shared import SharedRecord
-from ._state import check_epoch, check_int, distributed_defaults
+from ._state import check_epoch, check_int
 from .exceptions import InvalidInputError
 from .loader import Batch, Loader
 
@@ -90,41 +90,29 @@ class TorchDataset(IterableDataset):
     def __init__(
         self,
         dataset: Dataset,
+        spec: _native.LoaderSpec,
         *,
-        batch_size: int,
-        seed: int,
-        epoch: int = 0,
-        sampling: str = "replacement",
-        epoch_len: int | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        drop_last: bool = False,
-        threads: int | None = None,
-        prefetch_bytes: int | None = None,
-        prefetch_batches: int | None = None,
         transform: Callable[[Batch], Any] = default_output,
         follow: str | None = None,
-        run: str | None = None,
     ):
+        """``spec``: this rank's request, as :meth:`Dataset.loader_spec` makes
+        it (use :meth:`Dataset.to_torch`); the adapter sets the snapshot, the
+        worker and the resume position in it for each iteration."""
+        if not isinstance(spec, _native.LoaderSpec):
+            raise InvalidInputError(f"spec must be a LoaderSpec, not {type(spec).__name__}")
+        if (spec.worker, spec.num_workers, spec.start_block) != (0, 1, 0):
+            raise InvalidInputError(
+                "the torch adapter splits the epoch among DataLoader workers itself: "
+                "leave worker, num_workers and start_block at their defaults"
+            )
         if follow not in (None, "head"):
             raise InvalidInputError(f'follow must be None or "head", not {follow!r}')
         self.follow = follow
-        # with a run the epoch follows the head within itself too (Dataset.loader)
-        self.run = run
         self.dataset = dataset
-        self.version = dataset.version
-        self.batch_size = batch_size
-        self.seed = seed
-        self.epoch = epoch
-        self.sampling = sampling
-        self.epoch_len = epoch_len
-        self.rank, self.world_size = distributed_defaults(rank, world_size)
-        self.drop_last = drop_last
-        self.threads = threads
-        self.prefetch_bytes = prefetch_bytes
-        self.prefetch_batches = prefetch_batches
         self.transform = transform
-        self._resume: dict[str, Any] | None = None
+        resume = spec.resume
+        # the rank's request; `version` pins the snapshot, `resume` the position
+        self.spec: _native.LoaderSpec = spec.replace(version=dataset.version, resume=None)
         # a state torchdata loaded into this worker's copy, for its next iteration
         self._reader_resume: dict[str, Any] | None = None
         # (plan, batches delivered, inside a worker) of this copy's latest iteration
@@ -134,37 +122,40 @@ class TorchDataset(IterableDataset):
         if follow == "head":
             self._draw_from_head()
         self._history[self.epoch] = self.version
-        self._shared = SharedRecord(self._plan_record())
+        self._shared = SharedRecord(self.spec.to_dict())
+        if resume is not None:
+            self.load_state_dict(resume)
+
+    # what the spec holds, by name (the loop and tests read them)
+    @property
+    def epoch(self) -> int:
+        return self.spec.epoch
+
+    @property
+    def version(self) -> int:
+        return self.spec.version
+
+    @property
+    def rank(self) -> int:
+        return self.spec.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.world_size
 
     def __getstate__(self) -> dict[str, Any]:
         # a copy (a spawned worker's) starts with no iteration of its own
         return {**self.__dict__, "_progress": None, "_reader_resume": None}
 
     # -- the plan shared with the workers ----------------------------------------
-    def _plan_record(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed,
-            "epoch": self.epoch,
-            "sampling": self.sampling,
-            "epoch_len": self.epoch_len,
-            "version": self.version,
-            "resume": self._resume,
-        }
-
     def _publish(self) -> None:
         if self._shared.owned:
-            self._shared.write(self._plan_record())
+            self._shared.write(self.spec.to_dict())
 
     def _adopt_shared_plan(self) -> None:
         """In a copy (a DataLoader worker): take the owner's current plan."""
         if not self._shared.owned:
-            plan = self._shared.read()
-            self.seed, self.epoch, self.sampling = plan["seed"], plan["epoch"], plan["sampling"]
-            self.epoch_len, self.version, self._resume = (
-                plan["epoch_len"],
-                plan["version"],
-                plan["resume"],
-            )
+            self.spec = _native.LoaderSpec(**self._shared.read())
             if self.dataset.version != self.version:
                 # this copy's dataset is private to it: read the plan's
                 # snapshot as the active one (opened once, not per loader)
@@ -173,9 +164,9 @@ class TorchDataset(IterableDataset):
     def _draw_from_head(self) -> None:
         """Draw from the dataset's head now, and build its sampler here, once
         for the host: the workers map the stored alias table."""
-        self.version = self.dataset.head
-        if self.sampling == "replacement":
-            self.dataset.draws(0, count=1, sampling=self.sampling, version=self.version)
+        self.spec = self.spec.replace(version=self.dataset.head)
+        if self.spec.sampling == "replacement":
+            self.dataset.draws(0, count=1, sampling="replacement", version=self.version)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch the next iteration draws (call before each epoch).
@@ -184,8 +175,7 @@ class TorchDataset(IterableDataset):
         is now: an update committed by this script, another process or the
         CLI since the last epoch takes effect here.
         """
-        self.epoch = check_epoch(epoch)
-        self._resume = None
+        self.spec = self.spec.replace(epoch=check_epoch(epoch), resume=None)
         if self.follow == "head":
             self._draw_from_head()
         self._history[self.epoch] = self.version
@@ -206,24 +196,8 @@ class TorchDataset(IterableDataset):
         """One reader's request (this rank's draws over all of its workers,
         by default): the engine checks it and owns the arithmetic of blocks,
         padding and resume positions."""
-        return _native.LoaderSpec(
-            batch_size=self.batch_size,
-            seed=self.seed,
-            epoch=self.epoch,
-            sampling=self.sampling,
-            epoch_len=self.epoch_len,
-            version=self.version,
-            rank=self.rank,
-            world_size=self.world_size,
-            drop_last=self.drop_last,
-            worker=worker,
-            num_workers=workers,
-            resume=self._resume if resume is None else resume,
-            threads=self.threads,
-            prefetch_bytes=self.prefetch_bytes,
-            prefetch_batches=self.prefetch_batches,
-            run=self.run,
-        )
+        spec = self.spec.replace(worker=worker, num_workers=workers)
+        return spec if resume is None else spec.replace(resume=resume)
 
     def _plan(self, resume: dict[str, Any] | None = None, worker: int = 0, workers: int = 1) -> Any:
         """This rank's draws (over all of its workers, by default) in the next iteration."""
@@ -271,14 +245,15 @@ class TorchDataset(IterableDataset):
                 f"{where.get('num_workers')} and resumes only that worker; load the whole "
                 f"StatefulDataLoader.state_dict() (or state_dict(batches_seen)) instead"
             )
-        before, self._resume = self._resume, state
-        try:
-            plan = self._plan()
-        except BaseException:
-            self._resume = before
-            raise
-        self.seed, self.epoch, self.sampling = plan.seed, plan.epoch, plan.sampling
-        self.epoch_len, self.version = plan.epoch_len, plan.version
+        plan = self._plan(state)  # checked now
+        self.spec = self.spec.replace(
+            seed=plan.seed,
+            epoch=plan.epoch,
+            sampling=plan.sampling,
+            epoch_len=plan.epoch_len,
+            version=plan.version,
+            resume=state,
+        )
         self._history[self.epoch] = self.version
         self._publish()
 
@@ -286,7 +261,7 @@ class TorchDataset(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         self._adopt_shared_plan()
-        resume, self._reader_resume = self._reader_resume or self._resume, None
+        resume, self._reader_resume = self._reader_resume, None
         # the loader starts now (when the DataLoader asks for the iterator),
         # so that state_dict() is right before the first batch too
         loader = Loader(self.dataset, self._spec(worker, workers, resume))

@@ -69,6 +69,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<spec::PyLoaderSpec>()?;
     m.add_class::<batch::PyBatch>()?;
     m.add_class::<writer::PyCacheWriter>()?;
+    m.add_class::<writer::PyWriterSpec>()?;
     m.add_class::<scores::PyScoreWriter>()?;
     m.add_class::<ffi::PyTableProvider>()?;
     #[cfg(feature = "distributed")]
@@ -80,6 +81,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(is_cache_dir, m)?)?;
     m.add_function(wrap_pyfunction!(prepare_partitions, m)?)?;
     m.add_function(wrap_pyfunction!(spec::_loader_spec, m)?)?;
+    m.add_function(wrap_pyfunction!(writer::_writer_spec, m)?)?;
+    m.add_function(wrap_pyfunction!(scores::read_score_run, m)?)?;
+    m.add_function(wrap_pyfunction!(scores::score_segments, m)?)?;
+    m.add_function(wrap_pyfunction!(scores::check_score_segment, m)?)?;
     m.add_function(wrap_pyfunction!(remote::staging_root, m)?)?;
     m.add_function(wrap_pyfunction!(remote::publish_staged, m)?)?;
     m.add_function(wrap_pyfunction!(remote::remote_caches, m)?)?;

@@ -1,12 +1,14 @@
-//! `ScoreWriter`: the engine's score-log writer
+//! `ScoreWriter` and the readers of score logs: the engine's
 //! (`datasetrt::catalog::scores`) for `datasetrt.scores.ScoreLog`.
-//! Conversion only: a loader batch's own columns, or column buffers.
+//! Conversion only: a loader batch's own columns, or column buffers; the
+//! rows read as an Arrow table.
 
 use std::path::PathBuf;
 
-use datasetrt::catalog::scores::{Positions, ScoreWriter};
+use datasetrt::catalog::scores::{read_run, read_segment, segments, Positions, ScoreWriter};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
+use pyo3_arrow::PyTable;
 
 use crate::batch::PyBatch;
 use crate::error::IntoPyResult;
@@ -93,4 +95,28 @@ impl PyScoreWriter {
     fn pending(&self) -> usize {
         self.inner.pending()
     }
+}
+
+/// The rows of one run of a score log (its folder), each draw keeping its
+/// newest row, in flush order; `None` when the run has no segment.
+#[pyfunction]
+pub fn read_score_run(py: Python<'_>, run_dir: PathBuf) -> PyResult<Option<PyTable>> {
+    let rows = detach(py, move || read_run(&run_dir))?.py()?;
+    rows.map(|batch| {
+        let schema = batch.schema();
+        PyTable::try_new(vec![batch], schema)
+    })
+    .transpose()
+}
+
+/// The published segments of one run's folder, oldest first.
+#[pyfunction]
+pub fn score_segments(py: Python<'_>, run_dir: PathBuf) -> PyResult<Vec<PathBuf>> {
+    detach(py, move || segments(&run_dir))?.py()
+}
+
+/// Check one segment file as a reader does (`CorruptCacheError` naming it).
+#[pyfunction]
+pub fn check_score_segment(py: Python<'_>, path: PathBuf) -> PyResult<()> {
+    detach(py, move || read_segment(&path).map(|_| ()))?.py()
 }

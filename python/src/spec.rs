@@ -39,7 +39,7 @@ pub struct PyLoaderSpec {
     pub request: LoaderRequest,
 }
 
-fn int(value: &Bound<'_, PyAny>, name: &str, high: u64) -> PyResult<u64> {
+pub(crate) fn int(value: &Bound<'_, PyAny>, name: &str, high: u64) -> PyResult<u64> {
     if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
         return Err(invalid(format!(
             "{name} must be an int, got {}",
@@ -59,7 +59,7 @@ fn small(value: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
 }
 
 /// `value` unless it is `None`.
-fn some<'a, 'py>(value: &'a Bound<'py, PyAny>) -> Option<&'a Bound<'py, PyAny>> {
+pub(crate) fn some<'a, 'py>(value: &'a Bound<'py, PyAny>) -> Option<&'a Bound<'py, PyAny>> {
     (!value.is_none()).then_some(value)
 }
 

@@ -6,11 +6,137 @@ use std::sync::Mutex;
 use arrow::compute::concat_batches;
 use datasetrt::store::{CacheWriter, Codec, WriterOptions};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyTuple};
 use pyo3_arrow::input::AnyRecordBatch;
 
 use crate::error::{invalid, IntoPyResult};
 use crate::runtime::detach;
+use crate::spec::{int, some};
+
+/// Every option a `WriterSpec` takes, in the order `repr` shows them.
+const WRITER_OPTIONS: [&str; 4] = ["codec", "level", "shard_bytes", "threads"];
+
+/// How caches are written (the engine's `WriterOptions`: codec, zstd level,
+/// shard size, compressor threads), its defaults and checks in one place;
+/// `build`, `build_ray` and their worker processes pass one along.
+#[pyclass(frozen, module = "datasetrt._native", name = "WriterSpec")]
+#[derive(Clone)]
+pub struct PyWriterSpec {
+    pub options: WriterOptions,
+}
+
+impl PyWriterSpec {
+    /// Apply keyword `options` (`None` keeps a value) to `base`, then check.
+    fn with(mut base: WriterOptions, options: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        for (key, value) in options.into_iter().flat_map(|d| d.iter()) {
+            let key: String = key.extract()?;
+            let Some(v) = some(&value) else { continue };
+            match key.as_str() {
+                "codec" => {
+                    let name: String = v.extract().map_err(|_| {
+                        invalid(format!("codec must be a str, got {}", repr(v)))
+                    })?;
+                    base.codec = Codec::parse(&name).py()?;
+                }
+                "level" => {
+                    let bool_or_not_int = v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>();
+                    base.level = match v.extract::<i32>() {
+                        Ok(level) if !bool_or_not_int => level,
+                        _ => return Err(invalid(format!("level must be an int, got {}", repr(v)))),
+                    };
+                }
+                "shard_bytes" => base.shard_target_bytes = int(v, "shard_bytes", u64::MAX)?,
+                "threads" => base.threads = int(v, "threads", 1 << 16)? as usize,
+                other => {
+                    return Err(invalid(format!(
+                        "unknown writer option {other:?}; the options are {}",
+                        WRITER_OPTIONS.join(", ")
+                    )))
+                }
+            }
+        }
+        base.check().py()?;
+        Ok(PyWriterSpec { options: base })
+    }
+
+    fn to_py<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let o = &self.options;
+        let d = PyDict::new(py);
+        d.set_item("codec", o.codec.name())?;
+        d.set_item("level", o.level)?;
+        d.set_item("shard_bytes", o.shard_target_bytes)?;
+        d.set_item("threads", o.threads)?;
+        Ok(d)
+    }
+}
+
+fn repr(v: &Bound<'_, PyAny>) -> String {
+    v.repr().map_or_else(|_| "?".into(), |r| r.to_string())
+}
+
+#[pymethods]
+impl PyWriterSpec {
+    /// Defaults: codec "zstd", level 3, shards of 256 MiB, compressor threads
+    /// the cores up to 4. An option given as `None` keeps its default.
+    #[new]
+    #[pyo3(signature = (**options))]
+    fn new(options: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        Self::with(WriterOptions::default(), options)
+    }
+
+    /// A copy with `options` changed (checked again as a whole).
+    #[pyo3(signature = (**options))]
+    fn replace(&self, options: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        Self::with(self.options.clone(), options)
+    }
+
+    /// The options as a dict (`WriterSpec(**spec.to_dict())` is the same spec).
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.to_py(py)
+    }
+
+    fn __getattr__(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {
+        match self.to_py(py)?.get_item(name)? {
+            Some(value) => Ok(value.unbind()),
+            None => Err(pyo3::exceptions::PyAttributeError::new_err(format!(
+                "WriterSpec has no option {name:?}"
+            ))),
+        }
+    }
+
+    /// Pickles as its options (a build process or Ray task gets a copy).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = slf.py();
+        let rebuild = py.import("datasetrt._native")?.getattr("_writer_spec")?;
+        let options = slf.get().to_py(py)?;
+        PyTuple::new(py, [rebuild, PyTuple::new(py, [options])?.into_any()])
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other.cast::<PyWriterSpec>().is_ok_and(|o| {
+            let (a, b) = (&o.get().options, &self.options);
+            (a.codec, a.level, a.shard_target_bytes, a.threads)
+                == (b.codec, b.level, b.shard_target_bytes, b.threads)
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        let o = &self.options;
+        format!(
+            "WriterSpec(codec={:?}, level={}, shard_bytes={}, threads={})",
+            o.codec.name(),
+            o.level,
+            o.shard_target_bytes,
+            o.threads
+        )
+    }
+}
+
+/// Rebuild a pickled `WriterSpec` from its options.
+#[pyfunction]
+pub fn _writer_spec(options: &Bound<'_, PyDict>) -> PyResult<PyWriterSpec> {
+    PyWriterSpec::with(WriterOptions::default(), Some(options))
+}
 
 #[pyclass(frozen, module = "datasetrt._native", name = "CacheWriter")]
 pub struct PyCacheWriter {
@@ -29,26 +155,17 @@ impl PyCacheWriter {
 
 #[pymethods]
 impl PyCacheWriter {
+    /// Write cache `name` under `root` as `spec` says (default: a default
+    /// `WriterSpec`).
     #[new]
-    #[pyo3(signature = (root, name, codec="zstd", level=3, shard_bytes=256 << 20, threads=None))]
+    #[pyo3(signature = (root, name, spec=None))]
     fn new(
         py: Python<'_>,
         root: PathBuf,
         name: String,
-        codec: &str,
-        level: i32,
-        shard_bytes: u64,
-        threads: Option<usize>,
+        spec: Option<PyRef<'_, PyWriterSpec>>,
     ) -> PyResult<Self> {
-        let mut options = WriterOptions {
-            codec: Codec::parse(codec).py()?,
-            level,
-            shard_target_bytes: shard_bytes,
-            ..WriterOptions::default()
-        };
-        if let Some(t) = threads {
-            options.threads = t;
-        }
+        let options = spec.map_or_else(WriterOptions::default, |s| s.options.clone());
         let writer = detach(py, move || CacheWriter::create(&root, &name, options))?.py()?;
         Ok(PyCacheWriter {
             inner: Mutex::new(Some(writer)),

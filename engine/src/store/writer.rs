@@ -49,6 +49,29 @@ impl Default for WriterOptions {
     }
 }
 
+impl WriterOptions {
+    /// Check the options as a whole (what [`CacheWriter::create`] does first):
+    /// a positive shard size and thread count, and a zstd level zstd knows.
+    pub fn check(&self) -> Result<()> {
+        if self.shard_target_bytes == 0 {
+            return Err(Error::invalid("shard_bytes must be positive"));
+        }
+        if self.threads == 0 {
+            return Err(Error::invalid("threads must be positive"));
+        }
+        let levels = zstd::compression_level_range();
+        if self.codec == Codec::Zstd && !levels.contains(&self.level) {
+            return Err(Error::invalid(format!(
+                "zstd level {} is outside [{}, {}]",
+                self.level,
+                levels.start(),
+                levels.end()
+            )));
+        }
+        Ok(())
+    }
+}
+
 struct Chunk {
     id: u64,
     data: Vec<u8>,
@@ -88,9 +111,7 @@ impl CacheWriter {
     /// is already published there.
     pub fn create(root: &Path, name: &str, options: WriterOptions) -> Result<Self> {
         validate_source_name(name)?;
-        if options.shard_target_bytes == 0 {
-            return Err(Error::invalid("shard_target_bytes must be positive"));
-        }
+        options.check()?;
         let final_dir = root.join(name);
         if final_dir.exists() {
             return Err(Error::invalid(format!(

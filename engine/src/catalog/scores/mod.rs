@@ -12,8 +12,7 @@
 //! starts with the time it was written (20 digits, so names sort by it) and
 //! the writer's segment number. Readers keep, per `(epoch, position)`, the
 //! row of the last name (and within one segment the last row), so a step
-//! replayed after a resume replaces its rows. The reading side lives with
-//! the Python package, which hands the segments to polars.
+//! replayed after a resume replaces its rows ([`read_run`], in `read.rs`).
 //!
 //! A [`ScoreWriter`] buffers appended rows; once `flush_rows` are buffered
 //! it hands them to a background thread that writes the segment (temporary
@@ -36,6 +35,9 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
 use crate::store::{fs as sfs, ipc};
 use crate::{Error, Result};
+
+mod read;
+pub use read::{read_run, read_segment, segments};
 
 /// Folder of the score logs inside a dataset's snapshot directory.
 pub const SCORES_DIR: &str = "_scores";

@@ -1,0 +1,167 @@
+//! Reading score logs: the segments of one run, each checked, and the newest
+//! row of each draw (`epoch`, `position`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use arrow::array::{Array, BooleanArray, RecordBatch, UInt64Array};
+use arrow::compute::{concat_batches, filter_record_batch};
+use arrow::datatypes::Schema;
+
+use super::SEGMENT_SCHEMA;
+use crate::store::{fs as sfs, ipc};
+use crate::{Error, Result};
+
+/// What an Arrow IPC file starts (and ends) with.
+const MAGIC: &[u8] = b"ARROW1";
+
+/// The published segments of one run's folder, oldest first: by name, which
+/// starts with the time the segment was written (20 digits). A temporary
+/// file (a leading dot) is not a segment yet; no folder, no segments.
+pub fn segments(run_dir: &Path) -> Result<Vec<PathBuf>> {
+    let io = |source| Error::Io {
+        path: run_dir.to_path_buf(),
+        source,
+    };
+    let entries = match std::fs::read_dir(run_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io(e)),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let name = entry.map_err(io)?.file_name();
+        let bytes = name.as_encoded_bytes();
+        if bytes.ends_with(b".arrow") && !bytes.starts_with(b".") {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names.into_iter().map(|n| run_dir.join(n)).collect())
+}
+
+/// The rows of one segment file, checked: a whole Arrow IPC file (its
+/// leading and trailing magic, a footer and arrays that decode) of the
+/// segment columns; else `Corrupt` naming it (`NotFound` if it is gone).
+pub fn read_segment(path: &Path) -> Result<RecordBatch> {
+    let buffer = sfs::map_buffer(path, "score log segment")?;
+    if !buffer.as_slice().starts_with(MAGIC) {
+        return Err(Error::corrupt(
+            path,
+            format!(
+                "not a whole Arrow IPC file ({} bytes): cut short or overwritten",
+                buffer.len()
+            ),
+        ));
+    }
+    let (schema, batches) = ipc::decode(path, buffer)?;
+    if columns(&schema) != columns(&SEGMENT_SCHEMA) {
+        return Err(Error::corrupt(
+            path,
+            format!(
+                "its columns are {:?}, not a segment's {:?}",
+                columns(&schema),
+                columns(&SEGMENT_SCHEMA)
+            ),
+        ));
+    }
+    let batches: Vec<RecordBatch> = batches
+        .into_iter()
+        .map(|b| b.with_schema(SEGMENT_SCHEMA.clone()))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| Error::corrupt(path, format!("its columns may hold nulls: {e}")))?;
+    Ok(concat_batches(&SEGMENT_SCHEMA, &batches)?)
+}
+
+/// A schema's columns as (name, type) pairs.
+fn columns(schema: &Schema) -> Vec<(String, String)> {
+    schema
+        .fields()
+        .iter()
+        .map(|f| (f.name().clone(), f.data_type().to_string()))
+        .collect()
+}
+
+/// The rows of one run, in the order they were flushed, each draw
+/// (`epoch`, `position`) keeping its newest row: that of the last segment,
+/// and within one segment the last one appended (a step replayed after a
+/// resume replaces its rows). `None` when the run has no segment.
+pub fn read_run(run_dir: &Path) -> Result<Option<RecordBatch>> {
+    let paths = segments(run_dir)?;
+    if paths.is_empty() {
+        return Ok(None);
+    }
+    let parts = paths
+        .iter()
+        .map(|p| read_segment(p))
+        .collect::<Result<Vec<_>>>()?;
+    let rows = concat_batches(&SEGMENT_SCHEMA, &parts)?;
+    let u64s = |i: usize| {
+        rows.column(i)
+            .as_any()
+            .downcast_ref::<UInt64Array>()
+            .expect("segment columns are checked")
+            .clone()
+    };
+    let (epoch, position) = (u64s(0), u64s(1));
+    let key = |i: usize| (epoch.value(i), position.value(i));
+    let mut last: HashMap<(u64, u64), usize> = HashMap::with_capacity(rows.num_rows());
+    for i in 0..rows.num_rows() {
+        last.insert(key(i), i);
+    }
+    if last.len() == rows.num_rows() {
+        return Ok(Some(rows)); // no draw logged twice
+    }
+    let keep: BooleanArray = (0..rows.num_rows())
+        .map(|i| Some(last[&key(i)] == i))
+        .collect();
+    Ok(Some(filter_record_batch(&rows, &keep)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Positions, ScoreWriter};
+    use super::*;
+
+    fn log(dir: &Path, rows: &[(u64, u64, f64)]) {
+        let writer = ScoreWriter::new(dir.to_path_buf(), 0, "0", 1 << 20).unwrap();
+        for &(epoch, position, value) in rows {
+            writer
+                .append(epoch, Positions::From(position), &[1], &[position as i64], &[value])
+                .unwrap();
+        }
+        writer.flush().unwrap();
+    }
+
+    fn values(batch: &RecordBatch) -> Vec<f64> {
+        let v = batch.column(4).as_any();
+        let v = v.downcast_ref::<arrow::array::Float64Array>().unwrap();
+        v.values().to_vec()
+    }
+
+    #[test]
+    fn a_draw_logged_again_keeps_its_newest_row_in_flush_order() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(read_run(&dir.path().join("none")).unwrap().is_none());
+        log(dir.path(), &[(0, 0, 1.0), (0, 1, 2.0), (0, 0, 3.0)]);
+        log(dir.path(), &[(0, 1, 4.0), (1, 0, 5.0)]);
+        let rows = read_run(dir.path()).unwrap().unwrap();
+        // (0, 0): the later row of the first segment; (0, 1): the second segment's
+        assert_eq!(values(&rows), vec![3.0, 4.0, 5.0]);
+    }
+
+    #[test]
+    fn a_damaged_segment_is_corrupt_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        log(dir.path(), &[(0, 0, 1.0)]);
+        let path = segments(dir.path()).unwrap().pop().unwrap();
+        let whole = std::fs::read(&path).unwrap();
+        for damaged in [&whole[..whole.len() / 2], &whole[..whole.len() - 1], &[][..]] {
+            std::fs::write(&path, damaged).unwrap();
+            match read_run(dir.path()) {
+                Err(Error::Corrupt { path: p, .. }) => assert_eq!(p, path),
+                other => panic!("expected Corrupt, got {other:?}"),
+            }
+        }
+    }
+}

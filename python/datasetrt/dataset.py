@@ -820,10 +820,14 @@ class Dataset:
         once: what :meth:`to_torch` and :meth:`to_ray` hold and pass on.
         ``version`` (a number or a tag) reads that snapshot instead of the
         active one."""
-        rank, world_size = distributed_defaults(options.pop("rank", None), options.pop("world_size", None))
+        rank, world_size = distributed_defaults(
+            options.pop("rank", None), options.pop("world_size", None)
+        )
         if options.get("version") is not None:
             options["version"] = self.resolve(options["version"])
-        return _native.LoaderSpec(batch_size=batch_size, rank=rank, world_size=world_size, **options)
+        return _native.LoaderSpec(
+            batch_size=batch_size, rank=rank, world_size=world_size, **options
+        )
 
     def iter(
         self,

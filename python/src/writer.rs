@@ -33,13 +33,14 @@ impl PyWriterSpec {
             let Some(v) = some(&value) else { continue };
             match key.as_str() {
                 "codec" => {
-                    let name: String = v.extract().map_err(|_| {
-                        invalid(format!("codec must be a str, got {}", repr(v)))
-                    })?;
+                    let name: String = v
+                        .extract()
+                        .map_err(|_| invalid(format!("codec must be a str, got {}", repr(v))))?;
                     base.codec = Codec::parse(&name).py()?;
                 }
                 "level" => {
-                    let bool_or_not_int = v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>();
+                    let bool_or_not_int =
+                        v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>();
                     base.level = match v.extract::<i32>() {
                         Ok(level) if !bool_or_not_int => level,
                         _ => return Err(invalid(format!("level must be an int, got {}", repr(v)))),

@@ -22,8 +22,8 @@ use super::rng::{mix64, unit_f64};
 use super::Weights;
 use crate::store::checksum::{check_magic, crc32c, header_version};
 use crate::store::chunks::{self, chunk_count, ChunkCheck};
-use crate::store::host::records;
 use crate::store::fs::{map_file, temp_sibling};
+use crate::store::host::records;
 use crate::{Error, Result};
 
 const MAGIC: [u8; 8] = *b"DRTALIAS";

@@ -17,13 +17,13 @@ use arrow::compute::concat_batches;
 
 use super::checksum::crc32c;
 use super::chunks::{self, ChunkCheck, ChunkTable};
-use super::host::records;
 use super::codec::decode_into;
 use super::format::{
     check_index_header, check_shard_header, shard_file_name, IndexEntry, ATTRIBUTES_FILE,
     INDEX_ENTRY_LEN, INDEX_FILE, INDEX_HEADER_LEN, MANIFEST_FILE, SHARD_HEADER_LEN,
 };
 use super::fs::map_buffer;
+use super::host::records;
 use super::ipc;
 use super::manifest::Manifest;
 use super::remote::{block_on, Remote, Replica};
@@ -302,8 +302,13 @@ impl Cache {
         }
         match &self.attributes_chunks {
             Some(crcs) => {
-                let check =
-                    ChunkCheck::new(&path, raw.clone(), 0, crcs.clone(), records::host_key(&path))?;
+                let check = ChunkCheck::new(
+                    &path,
+                    raw.clone(),
+                    0,
+                    crcs.clone(),
+                    records::host_key(&path),
+                )?;
                 check.check_all(chunks::check_threads())?;
             }
             None if crc32c(&raw) != crc => {

@@ -15,13 +15,13 @@ use arrow::datatypes::{DataType, Field, Schema};
 
 use super::checksum::crc32c;
 use super::chunks::{self, ChunkTable};
-use super::host::records;
 use super::codec::{Codec, Compressor};
 use super::format::{
     encode_index_header, encode_shard_header, shard_file_name, IndexEntry, ATTRIBUTES_FILE,
     INDEX_FILE, MANIFEST_FILE, SHARD_HEADER_LEN,
 };
 use super::fs::{remove_stale_temps, sync_dir, temp_sibling, write_atomic};
+use super::host::records;
 use super::manifest::Manifest;
 use super::{ipc, validate_source_name};
 use crate::{Error, Result};

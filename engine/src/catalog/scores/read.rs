@@ -127,7 +127,13 @@ mod tests {
         let writer = ScoreWriter::new(dir.to_path_buf(), 0, "0", 1 << 20).unwrap();
         for &(epoch, position, value) in rows {
             writer
-                .append(epoch, Positions::From(position), &[1], &[position as i64], &[value])
+                .append(
+                    epoch,
+                    Positions::From(position),
+                    &[1],
+                    &[position as i64],
+                    &[value],
+                )
                 .unwrap();
         }
         writer.flush().unwrap();
@@ -156,7 +162,11 @@ mod tests {
         log(dir.path(), &[(0, 0, 1.0)]);
         let path = segments(dir.path()).unwrap().pop().unwrap();
         let whole = std::fs::read(&path).unwrap();
-        for damaged in [&whole[..whole.len() / 2], &whole[..whole.len() - 1], &[][..]] {
+        for damaged in [
+            &whole[..whole.len() / 2],
+            &whole[..whole.len() - 1],
+            &[][..],
+        ] {
             std::fs::write(&path, damaged).unwrap();
             match read_run(dir.path()) {
                 Err(Error::Corrupt { path: p, .. }) => assert_eq!(p, path),

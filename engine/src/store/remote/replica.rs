@@ -15,9 +15,9 @@ use object_store::path::Path as ObjectPath;
 use super::lock::RangeLock;
 use super::{block_on, Remote};
 use crate::store::checksum::crc32c;
-use crate::store::host::counters::{Counters, COUNTERS};
 use crate::store::format::{shard_file_name, SHARD_HEADER_LEN};
 use crate::store::fs;
+use crate::store::host::counters::{Counters, COUNTERS};
 use crate::store::reader::{Index, Span};
 use crate::{Error, Result};
 

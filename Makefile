@@ -26,7 +26,10 @@ venv: $(STAMP)
 
 # The demo's own set-up, and nothing more: maturin, polars and the `demo`
 # extra (numpy, scikit-learn), and the one extension the quickstart imports
-# (not the companion with SQL on workers). `make test` installs the rest.
+# (not the companion with SQL on workers), built in the cargo profile `demo`
+# (Cargo.toml: the fastest build from nothing) without the feature `ffi`
+# (DataFusion interop). `make test` installs the rest and builds the full
+# extension in the dev profile (a build of its own).
 DEMO_STAMP := $(VENV)/.datasetrt-demo-deps
 DEMO_DEPS := $(shell python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print(" ".join(f"\"{r}\"" for r in ["maturin>=1.7,<2", *p["dependencies"], *p["optional-dependencies"]["demo"]]))')
 
@@ -47,7 +50,7 @@ release: $(STAMP)
 	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --quiet --release
 
 demo: $(DEMO_STAMP)
-	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --quiet
+	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --quiet --profile demo --no-default-features
 	$(PY) examples/quickstart.py
 
 lint: $(STAMP)

@@ -135,6 +135,8 @@ def build(
         raise InvalidInputError("build() needs at least one source")
     names = check_names(sources)
     processes = check_int(processes, "processes", 1, 1024)
+    if threads is None and processes > 1:  # the cores, shared between the processes
+        threads = max(1, (os.cpu_count() or 1) // processes)
     spec = writer_spec(codec, level, shard_bytes, threads)
     url = check_text(os.fspath(root), "the root URL") if _is_url(root) else None
     options = _storage_options(storage_options)
@@ -152,7 +154,6 @@ def build(
         progress=progress,
         snapshot_dir=None if snapshot_dir is None else os.fspath(snapshot_dir),
         spec=spec,
-        threads=threads,
     )
     if url is None:
         return Dataset([local / name for name in names], snapshot_dir=snapshot_dir)

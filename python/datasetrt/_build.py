@@ -252,7 +252,6 @@ def build_sources(
     progress: bool,
     snapshot_dir: str | None = None,
     spec: _native.WriterSpec,
-    threads: int | None = None,
 ) -> None:
     """Cache each ``(name, source)`` under ``local`` (and upload it, when
     ``upload`` is ``(url, storage options, staging dir)``) unless it is
@@ -261,8 +260,7 @@ def build_sources(
     enough to be partitions of its own gets them where ``snapshot_dir``
     (default ``<local>/_snapshots``) keeps snapshots, built by the process
     that wrote it: the first ``open`` links them. ``spec`` says how caches
-    are written; without ``threads`` the cores are shared between the
-    processes."""
+    are written."""
     if processes == 1:
         for name, source in sources:
             build_source(
@@ -277,8 +275,6 @@ def build_sources(
                 f"source {name!r} cannot be sent to a build process ({type(e).__name__}: {e}); "
                 f"define its class in a module, or build with processes=1"
             ) from None
-    if threads is None:  # the cores, shared between the processes
-        spec = spec.replace(threads=max(1, (os.cpu_count() or 1) // processes))
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool

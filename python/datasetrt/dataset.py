@@ -441,7 +441,15 @@ class Dataset:
 
         ctx = datafusion.SessionContext()
         ctx.register_table("metadata", ds.datafusion_table())
+
+        An extension built without the feature ``ffi`` (``make demo`` builds
+        one) raises ``ImportError``.
         """
+        if not hasattr(self._native, "datafusion_table"):
+            raise ImportError(
+                "this build of datasetrt has no DataFusion interop (the extension was built "
+                "without its feature `ffi`, as `make demo` does): `make develop` builds it"
+            )
         return self._native.datafusion_table()
 
     def _sql_engine(self) -> _native.Dataset:

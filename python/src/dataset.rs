@@ -413,6 +413,7 @@ impl PyDataset {
     }
 
     /// The active snapshot as a table for the `datafusion` Python package.
+    #[cfg(feature = "ffi")]
     fn datafusion_table(&self) -> PyResult<crate::ffi::PyTableProvider> {
         let partitions = datasetrt::threads();
         let snapshot = self.inner.snapshot();

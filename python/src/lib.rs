@@ -12,6 +12,7 @@ mod batch;
 mod dataset;
 mod draws;
 mod error;
+#[cfg(feature = "ffi")]
 mod ffi;
 mod loader;
 mod remote;
@@ -71,6 +72,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::PyCacheWriter>()?;
     m.add_class::<writer::PyWriterSpec>()?;
     m.add_class::<scores::PyScoreWriter>()?;
+    #[cfg(feature = "ffi")]
     m.add_class::<ffi::PyTableProvider>()?;
     #[cfg(feature = "distributed")]
     m.add_class::<worker::PyWorker>()?;

@@ -85,17 +85,6 @@ impl PyWriterSpec {
         Self::with(WriterOptions::default(), options)
     }
 
-    /// A copy with `options` changed (checked again as a whole).
-    #[pyo3(signature = (**options))]
-    fn replace(&self, options: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        Self::with(self.options.clone(), options)
-    }
-
-    /// The options as a dict (`WriterSpec(**spec.to_dict())` is the same spec).
-    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.to_py(py)
-    }
-
     fn __getattr__(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {
         match self.to_py(py)?.get_item(name)? {
             Some(value) => Ok(value.unbind()),

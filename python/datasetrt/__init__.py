@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _native, exceptions
+from . import _native, exceptions, sources
 from ._build import CacheInput, build_sources, check_names, writer_spec
 from ._native import __version__
 from ._state import check_int, check_text
@@ -69,6 +69,7 @@ __all__ = [
     "exceptions",
     "load_ipython_extension",
     "open",
+    "sources",
 ]
 
 

@@ -119,6 +119,95 @@ def source_name(source: object) -> str:
     return check_text(name, "a source name")
 
 
+#: The metadata column types of a table source, as the population stores them.
+_KINDS = {
+    pl.Boolean: pl.Boolean,
+    pl.String: pl.String,
+    pl.Categorical: pl.String,
+    pl.Enum: pl.String,
+    pl.Binary: pl.Binary,
+    pl.Null: pl.Null,
+}
+
+
+def metadata_frame(frame: pl.DataFrame, source: str) -> pl.DataFrame:
+    """A table's metadata columns in the types every cache shares (Int64,
+    Float64, Boolean, String, Binary), so that the populations of several
+    sources (or Ray parts) stack; names checked as :func:`write_source` does."""
+    casts = []
+    for name, dtype in frame.schema.items():
+        check_text(name, f"source {source!r}: metadata column {name!r}")
+        if name in RESERVED:
+            raise InvalidInputError(
+                f"source {source!r}: metadata column {name!r} is reserved (cache_id, sample_id "
+                f"and weight are set by DatasetRT)"
+            )
+        try:
+            _native.check_column_name(name)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"source {source!r}: metadata column: {exc}") from None
+        if dtype.is_integer():
+            casts.append(pl.col(name).cast(pl.Int64))
+        elif dtype.is_float():
+            casts.append(pl.col(name).cast(pl.Float64))
+        elif type(dtype) in _KINDS or dtype in _KINDS:
+            target = _KINDS.get(dtype, _KINDS.get(type(dtype)))
+            casts.append(pl.col(name).cast(target))
+        else:
+            raise InvalidInputError(
+                f"source {source!r}: metadata column {name!r} has type {dtype}; supported "
+                f"types are integers, floats, bool, str and bytes"
+            )
+    return frame.with_columns(casts) if casts else frame
+
+
+def write_table_source(
+    root: Path, name: str, source: Any, *, spec: _native.WriterSpec, progress: bool
+) -> dict[str, Any]:
+    """Publish a *table source* as cache `root/name`: ``source.tables()``
+    yields polars DataFrames (or any object with ``__arrow_c_stream__``)
+    whose column ``source.data_column`` (default ``"data"``) holds each
+    sample's bytes, handed to the engine as Arrow (no Python object per
+    record); the other columns become the sample's metadata."""
+    data_column = getattr(source, "data_column", "data")
+    check_text(data_column, f"source {name!r}: data_column")
+    writer = _native.CacheWriter(os.fspath(root), name, spec)
+    total = len(source) if hasattr(source, "__len__") else None
+    bar = Progress(f"caching {name}", total, enabled=progress, unit=" samples")
+    try:
+        metas: list[pl.DataFrame] = []
+        for i, table in enumerate(source.tables()):
+            frame = table if isinstance(table, pl.DataFrame) else pl.DataFrame(table)
+            if data_column not in frame.columns:
+                raise InvalidInputError(
+                    f"source {name!r}: table {i} has no data column {data_column!r} "
+                    f"(it has {frame.columns})"
+                )
+            meta = metadata_frame(frame.drop(data_column), name)
+            if metas and meta.schema != metas[0].schema:
+                raise InvalidInputError(
+                    f"source {name!r}: table {i} has metadata columns {dict(meta.schema)}, but "
+                    f"table 0 has {dict(metas[0].schema)}; every table of a source needs the same"
+                )
+            try:
+                writer.add_arrow(frame.get_column(data_column))
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"source {name!r}: table {i}: {exc}") from None
+            metas.append(meta)
+            bar.update(frame.height)
+        rows = sum(m.height for m in metas)
+        if rows == 0:
+            raise InvalidInputError(f"source {name!r} yielded no samples")
+        frame = pl.concat(metas, how="vertical", rechunk=False)
+        attributes, nulls = arrow_stream(frame if frame.width else pl.DataFrame(), "build()")
+        return writer.finish(attributes, nulls=nulls)
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        bar.close()
+
+
 def writer_spec(
     codec: str | None, level: int | None, shard_bytes: int | None, threads: int | None
 ) -> _native.WriterSpec:
@@ -330,7 +419,8 @@ def build_source(
     it when ``upload`` says where, else give it its partitions (see
     :func:`build_sources`)."""
     if not _native.is_cache_dir(local / name):
-        write_source(local, name, source, progress=progress, spec=spec)
+        write = write_table_source if callable(getattr(source, "tables", None)) else write_source
+        write(local, name, source, progress=progress, spec=spec)
         if upload is None:
             _native.prepare_partitions(local / name, snapshot_dir)
     if upload is not None:  # every record is checked before the upload

@@ -35,7 +35,7 @@ from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 
 from . import _native
-from ._build import CHUNK_BYTES, CHUNK_RECORDS, RESERVED
+from ._build import RESERVED, metadata_frame
 from ._state import check_int, check_text
 from .exceptions import InvalidInputError
 
@@ -171,37 +171,6 @@ def read_draws(
 
 # -- building caches from a Ray dataset ----------------------------------------
 
-_KINDS = {
-    pl.Boolean: pl.Boolean,
-    pl.String: pl.String,
-    pl.Categorical: pl.String,
-    pl.Enum: pl.String,
-    pl.Binary: pl.Binary,
-    pl.Null: pl.Null,
-}
-
-
-def _metadata_frame(table: pa.Table, columns: list[str], part: str) -> pl.DataFrame:
-    """The metadata columns of one block, in the types every part shares
-    (Int64, Float64, Boolean, String, Binary), so the parts' populations join."""
-    frame = pl.from_arrow(table.select(columns)) if columns else pl.DataFrame()
-    assert isinstance(frame, pl.DataFrame)
-    casts = []
-    for name, dtype in frame.schema.items():
-        if dtype.is_integer():
-            casts.append(pl.col(name).cast(pl.Int64))
-        elif dtype.is_float():
-            casts.append(pl.col(name).cast(pl.Float64))
-        elif type(dtype) in _KINDS or dtype in _KINDS:
-            target = _KINDS.get(dtype, _KINDS.get(type(dtype)))
-            casts.append(pl.col(name).cast(target))
-        else:
-            raise InvalidInputError(
-                f"{part}: metadata column {name!r} has type {dtype}; supported types are "
-                f"integers, floats, bool, str and bytes"
-            )
-    return frame.with_columns(casts) if casts else frame
-
 
 def _write_part(
     table: pa.Table,
@@ -225,20 +194,11 @@ def _write_part(
             )
     if column.null_count:
         raise InvalidInputError(f"{name}: data column {data_column!r} holds nulls")
-    meta = _metadata_frame(table, metadata_columns, name)
+    frame = pl.DataFrame(table.select(metadata_columns)) if metadata_columns else pl.DataFrame()
+    meta = metadata_frame(frame, name)
     writer = _native.CacheWriter(root, name, spec)
     try:
-        datas: list[bytes] = []
-        pending = 0
-        for chunk in column.chunks:
-            for value in chunk.to_pylist():
-                datas.append(value)
-                pending += len(value)
-                if len(datas) >= CHUNK_RECORDS or pending >= CHUNK_BYTES:
-                    writer.add(datas)
-                    datas, pending = [], 0
-        if datas:
-            writer.add(datas)
+        writer.add_arrow(column)  # no Python object per record
         attributes, nulls = arrow_stream(meta, "build_ray()")
         return writer.finish(attributes, nulls=nulls)
     except BaseException:

@@ -7,7 +7,7 @@ use arrow::compute::concat_batches;
 use datasetrt::store::{CacheWriter, Codec, WriterOptions};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyTuple};
-use pyo3_arrow::input::AnyRecordBatch;
+use pyo3_arrow::input::{AnyArray, AnyRecordBatch};
 
 use crate::error::{invalid, IntoPyResult};
 use crate::runtime::detach;
@@ -191,6 +191,27 @@ impl PyCacheWriter {
             }
         })?
         .py()
+    }
+
+    /// Queue the values of an Arrow column of bytes (an array or a stream of
+    /// them: binary, large binary, binary view, fixed-size binary), one
+    /// record each, without a Python object per record; returns how many.
+    fn add_arrow(&self, py: Python<'_>, column: AnyArray) -> PyResult<u64> {
+        let mut added = 0;
+        for array in column.into_reader()? {
+            let array = array.map_err(|e| invalid(format!("reading the data column: {e}")))?;
+            added += detach(py, || {
+                let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                match guard.as_mut() {
+                    Some(writer) => writer.add_binary(array.as_ref()),
+                    None => Err(datasetrt::Error::invalid(
+                        "this cache writer is already finished or aborted",
+                    )),
+                }
+            })?
+            .py()?;
+        }
+        Ok(added)
     }
 
     /// Publish the cache with `attributes` (one row per record). Returns a dict

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use arrow::array::{ArrayRef, Int64Array, RecordBatch, RecordBatchOptions};
+use arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, RecordBatchOptions};
 use arrow::datatypes::{DataType, Field, Schema};
 
 use super::checksum::crc32c;
@@ -70,6 +70,39 @@ impl WriterOptions {
         }
         Ok(())
     }
+}
+
+/// Records and bytes of one chunk [`CacheWriter::add_binary`] queues (as
+/// `datasetrt.build` cuts a source's records).
+const BINARY_CHUNK_RECORDS: usize = 4096;
+const BINARY_CHUNK_BYTES: usize = 16 << 20;
+
+/// Value `i` of a column of bytes; other types are invalid input.
+fn binary_values<'a>(column: &'a dyn Array) -> Result<Box<dyn Fn(usize) -> &'a [u8] + 'a>> {
+    Ok(match column.data_type() {
+        DataType::Binary => {
+            let a = column.as_binary::<i32>();
+            Box::new(move |i| a.value(i))
+        }
+        DataType::LargeBinary => {
+            let a = column.as_binary::<i64>();
+            Box::new(move |i| a.value(i))
+        }
+        DataType::BinaryView => {
+            let a = column.as_binary_view();
+            Box::new(move |i| a.value(i))
+        }
+        DataType::FixedSizeBinary(_) => {
+            let a = column.as_fixed_size_binary();
+            Box::new(move |i| a.value(i))
+        }
+        other => {
+            return Err(Error::invalid(format!(
+                "a data column must hold bytes (binary, large binary, binary view or \
+                 fixed-size binary), not {other}: serialize the samples first"
+            )))
+        }
+    })
 }
 
 struct Chunk {
@@ -158,6 +191,37 @@ impl CacheWriter {
             next_chunk: 0,
             records: 0,
         })
+    }
+
+    /// Queue every value of an Arrow column of bytes (binary, large binary,
+    /// binary view or fixed-size binary) as one record, in order, cut into
+    /// chunks for the compressors as [`CacheWriter::add_chunk`] takes them.
+    /// A null value is invalid input naming its record; nothing of the
+    /// column is queued then. Returns the number of records queued.
+    pub fn add_binary(&mut self, column: &dyn Array) -> Result<u64> {
+        let value = binary_values(column)?;
+        if let Some(i) = (0..column.len()).find(|&i| column.is_null(i)) {
+            return Err(Error::invalid(format!(
+                "record {} of source {:?} is null: its data column must hold bytes in every row",
+                self.records + i as u64,
+                self.name
+            ))
+            .at_row(i));
+        }
+        let mut next = 0;
+        while next < column.len() {
+            let (mut data, mut ends) = (Vec::new(), Vec::new());
+            while next < column.len()
+                && ends.len() < BINARY_CHUNK_RECORDS
+                && data.len() < BINARY_CHUNK_BYTES
+            {
+                data.extend_from_slice(value(next));
+                ends.push(data.len());
+                next += 1;
+            }
+            self.add_chunk(data, ends)?;
+        }
+        Ok(column.len() as u64)
     }
 
     /// Number of records accepted so far.

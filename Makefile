@@ -120,3 +120,4 @@ bench: release $(S3S_FS)
 	DATASETRT_TEST_S3S_FS=$(S3S_FS) $(PY) -m pytest -q tests/test_remote.py -k racing
 	$(PY) tests/bench/bench_cold.py
 	$(PY) tests/bench/bench_mixture.py
+	$(PY) tests/bench/bench_imports.py

@@ -6,6 +6,7 @@ metadata, and the name decides reuse as for any source."""
 from __future__ import annotations
 
 import datetime
+import os
 import pickle
 
 import polars as pl
@@ -119,3 +120,73 @@ def test_a_missing_or_unreadable_parquet_file_is_named(tmp_path):
     with pytest.raises(InvalidInputError, match="cannot read the Parquet files"):
         drt.build(tmp_path / "cache", [src], progress=False)
     assert not (tmp_path / "cache").exists() or list((tmp_path / "cache").iterdir()) == []
+
+
+def write_shard(path, samples) -> None:
+    """A WebDataset shard made with tarfile: each sample's members in a row."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for key, members in samples:
+            for ext, raw in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(raw)
+                tar.addfile(info, io.BytesIO(raw))
+
+
+def wds_samples(n: int, start: int = 0) -> list:
+    return [
+        (
+            f"train/s{i:05d}",
+            {"jpg": os.urandom(50 + i % 13), "cls": str(i % 10).encode(), "txt": f"t {i}".encode()},
+        )
+        for i in range(start, start + n)
+    ]
+
+
+def test_webdataset_shards_become_a_cache_one_record_per_sample(tmp_path):
+    first, second = wds_samples(30), wds_samples(20, start=30)
+    second[3][1].pop("txt")  # a sample without a metadata member: null there
+    write_shard(tmp_path / "a.tar", first)
+    write_shard(tmp_path / "b.tar", second)
+    src = drt.sources.WebDataset(
+        tmp_path / "*.tar",
+        name="wds-v1",
+        data="jpg",
+        metadata={"cls": int, "txt": str},
+        batch_rows=7,
+    )
+    ds = drt.build(tmp_path / "cache", [src], progress=False)
+    meta = ds.get_metadata().sort("sample_id")
+    samples = first + second
+    assert meta["key"].to_list() == [k for k, _ in samples]
+    assert meta["shard"].to_list() == [0] * 30 + [1] * 20
+    assert meta["cls"].to_list() == [i % 10 for i in range(50)]
+    assert meta["txt"][33] is None and meta["txt"][0] == "t 0"
+    assert payloads(ds) == {i: m["jpg"] for i, (_, m) in enumerate(samples)}
+
+
+def test_a_bad_webdataset_shard_names_the_sample(tmp_path):
+    samples = wds_samples(5)
+    samples[2][1]["cls"] = b"three"
+    write_shard(tmp_path / "bad-cls.tar", samples)
+    src = drt.sources.WebDataset(
+        tmp_path / "bad-cls.tar", name="w1", data="jpg", metadata={"cls": int}
+    )
+    with pytest.raises(InvalidInputError, match=r"train/s00002\.cls .* is not int text"):
+        drt.build(tmp_path / "c1", [src], progress=False)
+    samples = wds_samples(5)
+    samples[4][1].pop("jpg")
+    write_shard(tmp_path / "no-jpg.tar", samples)
+    src = drt.sources.WebDataset(tmp_path / "no-jpg.tar", name="w2", data="jpg")
+    with pytest.raises(InvalidInputError, match=r"'train/s00004' .* has no 'jpg' member"):
+        drt.build(tmp_path / "c2", [src], progress=False)
+    (tmp_path / "cut.tar").write_bytes((tmp_path / "no-jpg.tar").read_bytes()[:700])
+    src = drt.sources.WebDataset(tmp_path / "cut.tar", name="w3", data="jpg")
+    with pytest.raises(InvalidInputError, match="cannot read tar shard"):
+        drt.build(tmp_path / "c3", [src], progress=False)
+    with pytest.raises(InvalidInputError, match="no tar shard at"):
+        drt.sources.WebDataset(tmp_path / "none.tar", name="w4", data="jpg")
+    for name in ("c1", "c2", "c3"):
+        assert not (tmp_path / name).exists() or list((tmp_path / name).iterdir()) == []

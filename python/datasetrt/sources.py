@@ -5,7 +5,8 @@ yields polars DataFrames (or any object with ``__arrow_c_stream__``): the
 column ``data_column`` (default ``"data"``) holds each sample's bytes, which
 go to the engine's writer as Arrow, with no Python object per record; the
 other columns become the sample's metadata (integers, floats, bool, str,
-bytes). ``build`` takes one like any source: its name decides reuse, so the
+bytes). :class:`Parquet` reads Parquet files, :class:`WebDataset` tar
+shards. ``build`` takes one like any source: its name decides reuse, so the
 same files under the same name give the same cache, built once.
 
 >>> src = drt.sources.Parquet("shards/*.parquet", name="img-v1")  # doctest: +SKIP
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import glob
 import os
+import posixpath
+import tarfile
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -93,7 +96,7 @@ class Parquet:
             ) from None
 
 
-def _expand(path: str, source: str) -> list[str]:
+def _expand(path: str, source: str, kind: str = "Parquet file") -> list[str]:
     """The files a path names: itself, or a glob's matches in sorted order."""
     if glob.has_magic(path):
         found = sorted(glob.glob(path))
@@ -101,9 +104,129 @@ def _expand(path: str, source: str) -> list[str]:
             raise InvalidInputError(f"source {source!r}: no file matches {path!r}")
         return found
     if not os.path.isfile(path):
-        raise InvalidInputError(f"source {source!r}: no Parquet file at {path!r}")
+        raise InvalidInputError(f"source {source!r}: no {kind} at {path!r}")
     return [path]
 
 
 def _shown(paths: list[str]) -> str:
     return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+
+#: How a WebDataset metadata member's text becomes a column value.
+_DECODE = {int: pl.Int64, float: pl.Float64, str: pl.String, bytes: pl.Binary}
+
+
+class WebDataset:
+    """WebDataset tar shards as one source: the files of one sample (members
+    ``<key>.<ext>``, consecutive in a tar) become one record.
+
+    The member of extension ``data`` (``"jpg"``, ``"npy"``...) is the
+    payload, as stored; ``metadata`` maps other extensions to the type their
+    text becomes (``{"cls": int, "txt": str}``; ``bytes`` keeps a member's
+    bytes), one column each (a dot in an extension becomes ``_``), null
+    where a sample lacks that member. Columns ``key`` (the sample's key) and
+    ``shard`` (the tar's index in ``paths``) say where a record came from.
+    Shards are read as streams, in order, ``batch_rows`` samples at a time.
+    A sample without its ``data`` member, or a member whose text is not of
+    its type, is :class:`InvalidInputError` naming the shard and the key.
+    """
+
+    def __init__(
+        self,
+        paths: PathLike | Sequence[PathLike],
+        *,
+        name: str,
+        data: str,
+        metadata: dict[str, type] | None = None,
+        batch_rows: int = 4096,
+    ):
+        self.name = name
+        given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+        if not given:
+            raise InvalidInputError(f"source {name!r}: no tar shards given")
+        found = [
+            _expand(check_text(os.fspath(p), "a shard path"), name, "tar shard") for p in given
+        ]
+        self.paths = [p for group in found for p in group]
+        self.data = check_text(data, "data")
+        self.metadata = dict(metadata or {})
+        for ext, kind in self.metadata.items():
+            check_text(ext, "a metadata extension")
+            if kind not in _DECODE:
+                raise InvalidInputError(
+                    f"source {name!r}: metadata {ext!r} has type {kind!r}; use int, float, "
+                    f"str or bytes"
+                )
+        self.batch_rows = check_int(batch_rows, "batch_rows", 1)
+
+    def __repr__(self) -> str:
+        return f"WebDataset({self.name!r}, {len(self.paths)} shards)"
+
+    def tables(self) -> Iterator[pl.DataFrame]:
+        """The shards' samples, ``batch_rows`` at a time, in order."""
+        batch: list[tuple[int, str, dict[str, bytes]]] = []
+        for shard, path in enumerate(self.paths):
+            for key, members in self._samples(path):
+                batch.append((shard, key, members))
+                if len(batch) >= self.batch_rows:
+                    yield self._frame(batch)
+                    batch = []
+        if batch:
+            yield self._frame(batch)
+
+    def _samples(self, path: str) -> Iterator[tuple[str, dict[str, bytes]]]:
+        """(key, {extension: bytes}) of each sample of one shard, in order."""
+        key, members = None, {}
+        try:
+            with tarfile.open(path, "r|*") as tar:
+                for member in tar:
+                    if not member.isfile():
+                        continue
+                    folder, base = posixpath.split(member.name)
+                    stem, dot, ext = base.partition(".")
+                    if not dot or base.startswith("."):
+                        continue  # not a sample's file (WebDataset skips them too)
+                    name = posixpath.join(folder, stem)
+                    if name != key and key is not None:
+                        yield key, members
+                        members = {}
+                    key = name
+                    reader = tar.extractfile(member)
+                    members[ext] = reader.read() if reader is not None else b""
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise InvalidInputError(
+                f"source {self.name!r}: cannot read tar shard {path!r}: {exc}"
+            ) from None
+        if key is not None:
+            yield key, members
+
+    def _frame(self, batch: list[tuple[int, str, dict[str, bytes]]]) -> pl.DataFrame:
+        payloads = []
+        for shard, key, members in batch:
+            if self.data not in members:
+                raise InvalidInputError(
+                    f"source {self.name!r}: sample {key!r} of shard {self.paths[shard]!r} has "
+                    f"no {self.data!r} member (it has {sorted(members)})"
+                )
+            payloads.append(members[self.data])
+        columns: dict[str, pl.Series] = {
+            "data": pl.Series(payloads, dtype=pl.Binary),
+            "key": pl.Series([k for _, k, _ in batch], dtype=pl.String),
+            "shard": pl.Series([s for s, _, _ in batch], dtype=pl.Int64),
+        }
+        for ext, kind in self.metadata.items():
+            values = [self._decode(m.get(ext), kind, ext, s, k) for s, k, m in batch]
+            columns[ext.replace(".", "_")] = pl.Series(values, dtype=_DECODE[kind])
+        return pl.DataFrame(columns)
+
+    def _decode(self, raw: bytes | None, kind: type, ext: str, shard: int, key: str) -> Any:
+        if raw is None or kind is bytes:
+            return raw
+        try:
+            text = raw.decode("utf-8")
+            return text if kind is str else kind(text.strip())
+        except ValueError:
+            raise InvalidInputError(
+                f"source {self.name!r}: member {key}.{ext} of shard {self.paths[shard]!r} is "
+                f"not {kind.__name__} text: {raw[:40]!r}"
+            ) from None

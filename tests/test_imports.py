@@ -190,3 +190,49 @@ def test_a_bad_webdataset_shard_names_the_sample(tmp_path):
         drt.sources.WebDataset(tmp_path / "none.tar", name="w4", data="jpg")
     for name in ("c1", "c2", "c3"):
         assert not (tmp_path / name).exists() or list((tmp_path / name).iterdir()) == []
+
+
+def test_a_hugging_face_dataset_on_disk_becomes_a_cache(tmp_path):
+    """Made with `datasets` itself: an Image feature (a struct whose bytes are
+    the payload), a ClassLabel and text; read from the directory and from
+    the loaded dataset, which must give the same records."""
+    datasets = pytest.importorskip("datasets")
+    images = [os.urandom(40 + i) for i in range(60)]
+    features = datasets.Features(
+        {
+            "image": datasets.Image(),
+            "label": datasets.ClassLabel(names=[f"c{k}" for k in range(3)]),
+            "text": datasets.Value("string"),
+        }
+    )
+    hf = datasets.Dataset.from_dict(
+        {
+            "image": [{"bytes": b, "path": None} for b in images],
+            "label": [i % 3 for i in range(60)],
+            "text": [f"caption {i}" for i in range(60)],
+        },
+        features=features,
+    )
+    hf.save_to_disk(tmp_path / "saved", max_shard_size=1 << 10, num_proc=1)  # several files
+    src = drt.sources.HuggingFace(tmp_path / "saved", name="hf-v1", data="image")
+    assert len(src.files) > 1
+    ds = drt.build(tmp_path / "cache", [src], progress=False)
+    meta = ds.get_metadata().sort("sample_id")
+    assert meta["label"].to_list() == [i % 3 for i in range(60)]
+    assert meta["text"].to_list() == [f"caption {i}" for i in range(60)]
+    assert payloads(ds) == dict(enumerate(images))
+    loaded = datasets.load_from_disk(tmp_path / "saved")
+    again = drt.build(
+        tmp_path / "cache2",
+        [drt.sources.HuggingFace(loaded, name="hf-v1", data="image")],
+        progress=False,
+    )
+    assert payloads(again) == payloads(ds)
+    with pytest.raises(InvalidInputError, match="flatten_indices"):
+        drt.sources.HuggingFace(loaded.select([0, 2]), name="x", data="image")
+    with pytest.raises(InvalidInputError, match="lives in memory"):
+        drt.sources.HuggingFace(hf, name="x", data="image")
+    with pytest.raises(InvalidInputError, match=r"no state\.json"):
+        drt.sources.HuggingFace(tmp_path, name="x", data="image")
+    with pytest.raises(InvalidInputError, match="no column 'img'"):
+        drt.build(tmp_path / "c3", [drt.sources.HuggingFace(loaded, name="y", data="img")])

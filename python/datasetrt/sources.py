@@ -6,7 +6,7 @@ column ``data_column`` (default ``"data"``) holds each sample's bytes, which
 go to the engine's writer as Arrow, with no Python object per record; the
 other columns become the sample's metadata (integers, floats, bool, str,
 bytes). :class:`Parquet` reads Parquet files, :class:`WebDataset` tar
-shards. ``build`` takes one like any source: its name decides reuse, so the
+shards, :class:`HuggingFace` a ``datasets`` dataset's Arrow files. ``build`` takes one like any source: its name decides reuse, so the
 same files under the same name give the same cache, built once.
 
 >>> src = drt.sources.Parquet("shards/*.parquet", name="img-v1")  # doctest: +SKIP
@@ -230,3 +230,102 @@ class WebDataset:
                 f"source {self.name!r}: member {key}.{ext} of shard {self.paths[shard]!r} is "
                 f"not {kind.__name__} text: {raw[:40]!r}"
             ) from None
+
+
+class HuggingFace:
+    """A Hugging Face ``datasets`` dataset as one source, read from its own
+    Arrow files: a directory ``save_to_disk`` wrote (its ``state.json`` names
+    them), or a ``datasets.Dataset`` backed by cache files (``load_dataset``'s,
+    without an indices mapping: ``flatten_indices()`` a selection first).
+
+    Column ``data`` is the payload: a binary column, or a struct with a
+    ``bytes`` field (an ``Image`` or ``Audio`` feature stores its file that
+    way). The other columns (or only ``columns``) become metadata; a
+    ``ClassLabel`` is its integer. Read batch by batch as the files hold
+    them (pyarrow, which ``datasets`` itself needs).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        name: str,
+        data: str,
+        columns: Sequence[str] | None = None,
+    ):
+        self.name = name
+        self.data_column = check_text(data, "data")
+        self.columns = None if columns is None else [check_text(c, "a column") for c in columns]
+        if isinstance(dataset, (str, os.PathLike)):
+            self.files = _saved_files(check_text(os.fspath(dataset), "a dataset path"), name)
+        else:
+            files = [f["filename"] for f in getattr(dataset, "cache_files", None) or []]
+            if not files:
+                raise InvalidInputError(
+                    f"source {name!r}: this dataset has no Arrow files on disk (it lives in "
+                    f"memory): save_to_disk() it and pass the directory"
+                )
+            if getattr(dataset, "_indices", None) is not None:
+                raise InvalidInputError(
+                    f"source {name!r}: this dataset is a selection of its files' rows (an "
+                    f"indices mapping): call flatten_indices() first"
+                )
+            self.files = files
+
+    def __repr__(self) -> str:
+        return f"HuggingFace({self.name!r}, {len(self.files)} files)"
+
+    def tables(self) -> Iterator[pl.DataFrame]:
+        """The files' record batches, in order, as frames."""
+        import pyarrow as pa
+
+        for path in self.files:
+            try:
+                with pa.memory_map(path) as source:
+                    for batch in pa.ipc.open_stream(source):
+                        yield self._frame(pl.DataFrame(batch), path)
+            except (pa.ArrowException, OSError) as exc:
+                raise InvalidInputError(
+                    f"source {self.name!r}: cannot read Arrow file {path!r}: {exc}"
+                ) from None
+
+    def _frame(self, frame: pl.DataFrame, path: str) -> pl.DataFrame:
+        column = self.data_column
+        if column not in frame.columns:
+            raise InvalidInputError(
+                f"source {self.name!r}: {path!r} has no column {column!r} ({frame.columns})"
+            )
+        dtype = frame.schema[column]
+        if isinstance(dtype, pl.Struct):
+            if "bytes" not in [f.name for f in dtype.fields]:
+                raise InvalidInputError(
+                    f"source {self.name!r}: column {column!r} is a struct without a 'bytes' "
+                    f"field ({dtype}); name a column of bytes"
+                )
+            frame = frame.with_columns(pl.col(column).struct.field("bytes").alias(column))
+        if self.columns is not None:
+            frame = frame.select([column, *self.columns])
+        return frame
+
+
+def _saved_files(directory: str, source: str) -> list[str]:
+    """The Arrow files of a ``save_to_disk`` directory, in order."""
+    import json
+
+    state = os.path.join(directory, "state.json")
+    try:
+        with open(state, encoding="utf-8") as f:
+            names = [entry["filename"] for entry in json.load(f)["_data_files"]]
+    except FileNotFoundError:
+        hint = (
+            " (a DatasetDict: pass one split's directory)"
+            if os.path.isfile(os.path.join(directory, "dataset_dict.json"))
+            else ""
+        )
+        raise InvalidInputError(
+            f"source {source!r}: {directory!r} is not a dataset save_to_disk wrote: it has "
+            f"no state.json{hint}"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InvalidInputError(f"source {source!r}: unreadable {state!r}: {exc}") from None
+    return [os.path.join(directory, n) for n in names]

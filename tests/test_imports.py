@@ -236,3 +236,20 @@ def test_a_hugging_face_dataset_on_disk_becomes_a_cache(tmp_path):
         drt.sources.HuggingFace(tmp_path, name="x", data="image")
     with pytest.raises(InvalidInputError, match="no column 'img'"):
         drt.build(tmp_path / "c3", [drt.sources.HuggingFace(loaded, name="y", data="img")])
+
+
+def test_a_lance_dataset_becomes_a_cache_at_the_version_it_names(tmp_path):
+    lance = pytest.importorskip("lance")
+    first = rows(80)
+    lance.write_dataset(first.to_arrow(), tmp_path / "ds.lance", max_rows_per_file=30)
+    src = drt.sources.Lance(tmp_path / "ds.lance", name="lance-v1", data="data", batch_rows=16)
+    # the Lance dataset moves on; the source keeps the version it was made at
+    lance.write_dataset(rows(5, start=80).to_arrow(), tmp_path / "ds.lance", mode="append")
+    ds = drt.build(tmp_path / "cache", [src], progress=False)
+    assert payloads(ds) == dict(enumerate(first["data"].to_list()))
+    meta = ds.get_metadata().sort("sample_id")
+    assert meta["caption"].to_list() == first["caption"].to_list()
+    latest = drt.sources.Lance(tmp_path / "ds.lance", name="lance-v2", data="data")
+    assert len(drt.build(tmp_path / "cache", [latest], progress=False)) == 85  # both appends
+    with pytest.raises(InvalidInputError, match="no Lance dataset"):
+        drt.sources.Lance(tmp_path / "none.lance", name="x", data="data")

@@ -5,9 +5,12 @@ yields polars DataFrames (or any object with ``__arrow_c_stream__``): the
 column ``data_column`` (default ``"data"``) holds each sample's bytes, which
 go to the engine's writer as Arrow, with no Python object per record; the
 other columns become the sample's metadata (integers, floats, bool, str,
-bytes). :class:`Parquet` reads Parquet files, :class:`WebDataset` tar
-shards, :class:`HuggingFace` a ``datasets`` dataset's Arrow files. ``build`` takes one like any source: its name decides reuse, so the
-same files under the same name give the same cache, built once.
+bytes). ``build`` takes one like any source: its name decides reuse,
+so the same files under the same name give the same cache, built once.
+
+Here: :class:`Parquet` (files), :class:`WebDataset` (tar shards),
+:class:`HuggingFace` (a ``datasets`` dataset's Arrow files), :class:`Lance`
+(a dataset at one version).
 
 >>> src = drt.sources.Parquet("shards/*.parquet", name="img-v1")  # doctest: +SKIP
 >>> ds = drt.build("cache", [src])                               # doctest: +SKIP
@@ -329,3 +332,52 @@ def _saved_files(directory: str, source: str) -> list[str]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InvalidInputError(f"source {source!r}: unreadable {state!r}: {exc}") from None
     return [os.path.join(directory, n) for n in names]
+
+
+class Lance:
+    """A Lance dataset (``pylance``) as one source, at one version.
+
+    Column ``data`` (bytes) is the payload, the other columns (or only
+    ``columns``) the metadata, read in order ``batch_rows`` rows at a time.
+    ``version`` pins the dataset version read (default: the latest when the
+    source is made), so a source keeps naming the same rows while the Lance
+    dataset moves on.
+    """
+
+    def __init__(
+        self,
+        uri: PathLike,
+        *,
+        name: str,
+        data: str,
+        columns: Sequence[str] | None = None,
+        version: int | None = None,
+        batch_rows: int = 16_384,
+    ):
+        import lance
+
+        self.name = name
+        self.uri = check_text(os.fspath(uri), "a Lance dataset path")
+        self.data_column = check_text(data, "data")
+        self.columns = None if columns is None else [check_text(c, "a column") for c in columns]
+        self.batch_rows = check_int(batch_rows, "batch_rows", 1)
+        try:
+            self.version = lance.dataset(self.uri, version=version).version
+        except (ValueError, OSError) as exc:
+            raise InvalidInputError(
+                f"source {name!r}: no Lance dataset at {self.uri!r}: {exc}"
+            ) from None
+
+    def __repr__(self) -> str:
+        return f"Lance({self.name!r}, {self.uri!r}, version {self.version})"
+
+    def tables(self) -> Iterator[pl.DataFrame]:
+        """The dataset's rows at ``version``, ``batch_rows`` at a time, in order."""
+        import lance
+
+        dataset = lance.dataset(self.uri, version=self.version)
+        wanted = None if self.columns is None else [self.data_column, *self.columns]
+        for batch in dataset.to_batches(
+            columns=wanted, batch_size=self.batch_rows, scan_in_order=True
+        ):
+            yield pl.DataFrame(batch)

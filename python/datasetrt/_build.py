@@ -119,6 +119,21 @@ def source_name(source: object) -> str:
     return check_text(name, "a source name")
 
 
+def check_metadata_name(source: str, key: str, what: str) -> None:
+    """A metadata key (``what``: "metadata key" or "metadata column") a
+    population can hold: valid text, not reserved, a name SQL can use."""
+    check_text(key, f"source {source!r}: {what} {key!r}")
+    if key in RESERVED:
+        raise InvalidInputError(
+            f"source {source!r}: {what} {key!r} is reserved (cache_id, sample_id and weight "
+            f"are set by DatasetRT)"
+        )
+    try:
+        _native.check_column_name(key)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"source {source!r}: {what}: {exc}") from None
+
+
 #: The metadata column types of a table source, as the population stores them.
 _KINDS = {
     pl.Boolean: pl.Boolean,
@@ -136,16 +151,7 @@ def metadata_frame(frame: pl.DataFrame, source: str) -> pl.DataFrame:
     sources (or Ray parts) stack; names checked as :func:`write_source` does."""
     casts = []
     for name, dtype in frame.schema.items():
-        check_text(name, f"source {source!r}: metadata column {name!r}")
-        if name in RESERVED:
-            raise InvalidInputError(
-                f"source {source!r}: metadata column {name!r} is reserved (cache_id, sample_id "
-                f"and weight are set by DatasetRT)"
-            )
-        try:
-            _native.check_column_name(name)
-        except InvalidInputError as exc:
-            raise InvalidInputError(f"source {source!r}: metadata column: {exc}") from None
+        check_metadata_name(source, name, "metadata column")
         if dtype.is_integer():
             casts.append(pl.col(name).cast(pl.Int64))
         elif dtype.is_float():
@@ -280,16 +286,7 @@ def write_source(
                         raise InvalidInputError(
                             f"source {name!r}: metadata key {k!r} is not a string"
                         )
-                    check_text(k, f"source {name!r}: metadata key {k!r}")
-                    if k in RESERVED:
-                        raise InvalidInputError(
-                            f"source {name!r}: metadata key {k!r} is reserved (cache_id, "
-                            f"sample_id and weight are set by DatasetRT)"
-                        )
-                    try:
-                        _native.check_column_name(k)
-                    except InvalidInputError as exc:
-                        raise InvalidInputError(f"source {name!r}: metadata key: {exc}") from None
+                    check_metadata_name(name, k, "metadata key")
                 keyset = meta.keys()
                 columns = {k: [] for k in keys}
             elif meta.keys() != keyset:

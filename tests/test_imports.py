@@ -6,6 +6,7 @@ metadata, and the name decides reuse as for any source."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import pickle
 
@@ -253,3 +254,45 @@ def test_a_lance_dataset_becomes_a_cache_at_the_version_it_names(tmp_path):
     assert len(drt.build(tmp_path / "cache", [latest], progress=False)) == 85  # both appends
     with pytest.raises(InvalidInputError, match="no Lance dataset"):
         drt.sources.Lance(tmp_path / "none.lance", name="x", data="data")
+
+
+def test_what_a_source_reads_is_what_it_shows(tmp_path):
+    """Review findings, pinned: a loaded dataset's slice and renamed column
+    are what is cached (not its whole files); a file whose name looks like a
+    glob is read as itself; a WebDataset extension is read lowercased and
+    may not overwrite another column; values a population cannot hold are
+    InvalidInputError."""
+    datasets = pytest.importorskip("datasets")
+    hf = datasets.Dataset.from_dict({"blob": [bytes([i]) * 3 for i in range(20)], "y": range(20)})
+    hf.save_to_disk(tmp_path / "saved")
+    loaded = datasets.load_from_disk(tmp_path / "saved").take(5).rename_column("y", "label")
+    ds = drt.build(tmp_path / "c1", [drt.sources.HuggingFace(loaded, name="t", data="blob")])
+    assert ds.get_metadata().sort("sample_id")["label"].to_list() == [0, 1, 2, 3, 4]
+    # an Image column that names its files by path (as an imagefolder's cache
+    # does): written as save_to_disk lays a dataset out, with pyarrow
+    image = pa.StructArray.from_arrays(
+        [pa.array([None], pa.binary()), pa.array(["/x/0.png"])], names=["bytes", "path"]
+    )
+    (tmp_path / "by-path").mkdir()
+    table = pa.table({"image": image})
+    with pa.ipc.new_stream(tmp_path / "by-path" / "data-00000-of-00001.arrow", table.schema) as w:
+        w.write_table(table)
+    state = {"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}
+    (tmp_path / "by-path" / "state.json").write_text(json.dumps(state))
+    src = drt.sources.HuggingFace(tmp_path / "by-path", name="p", data="image")
+    with pytest.raises(InvalidInputError, match="names its files by path"):
+        drt.build(tmp_path / "c2", [src], progress=False)
+
+    rows(10).write_parquet(tmp_path / "x[1].parquet")
+    assert len(drt.sources.Parquet(tmp_path / "x[1].parquet", name="b")) == 10
+
+    write_shard(tmp_path / "up.tar", [("k0", {"JPG": b"abc", "CLS": b"1"})])
+    src = drt.sources.WebDataset(tmp_path / "up.tar", name="u", data="jpg", metadata={"cls": int})
+    up = drt.build(tmp_path / "c3", [src], progress=False)
+    assert up.get_metadata()["cls"].to_list() == [1]
+    with pytest.raises(InvalidInputError, match="would be column 'key'"):
+        drt.sources.WebDataset(tmp_path / "up.tar", name="u", data="jpg", metadata={"key": str})
+
+    huge = pl.DataFrame({"data": [b"a"], "id": pl.Series([1 << 63], dtype=pl.UInt64)})
+    with pytest.raises(InvalidInputError, match="past the 64-bit signed integers"):
+        drt.build(tmp_path / "c4", [Tables("huge", [huge])], progress=False)

@@ -208,6 +208,18 @@ def test_to_torch_takes_the_loaders_options_resume_included(two_caches):
     resumed = ds.to_torch(batch_size=BS, seed=3, resume=state)
     assert [ids(b) for b in DataLoader(resumed, batch_size=None, num_workers=0)] == whole[5:]
     assert resumed.spec.batch_size == BS and resumed.spec.version == ds.version
+    # a StatefulDataLoader's own state resumes too, as load_state_dict takes it
+    loader = sdl(ds.to_torch(batch_size=BS, seed=3), 0, "fork")
+    it = iter(loader)
+    next(it), next(it)
+    again = ds.to_torch(batch_size=BS, seed=3, resume=loader.state_dict())
+    assert [ids(b) for b in DataLoader(again, batch_size=None, num_workers=0)] == whole[2:]
+    # version= reads that snapshot, not the one active when the loader is made
+    first = ds.version
+    ds.update_metadata(ds.get_metadata().head(40))
+    pinned = ds.to_torch(batch_size=BS, seed=3, version=first)
+    assert (pinned.version, pinned.seed) == (first, 3)  # the spec's options, by name
+    assert [ids(b) for b in DataLoader(pinned, batch_size=None, num_workers=0)] == whole
     with pytest.raises(drt.InvalidInputError, match='unknown loader option "epoch_length"'):
         ds.to_torch(batch_size=BS, seed=3, epoch_length=10)
 

@@ -153,6 +153,11 @@ def metadata_frame(frame: pl.DataFrame, source: str) -> pl.DataFrame:
     for name, dtype in frame.schema.items():
         check_metadata_name(source, name, "metadata column")
         if dtype.is_integer():
+            if dtype == pl.UInt64 and (frame[name].max() or 0) >= 1 << 63:
+                raise InvalidInputError(
+                    f"source {source!r}: metadata column {name!r} holds {frame[name].max()}, "
+                    f"past the 64-bit signed integers a population stores"
+                )
             casts.append(pl.col(name).cast(pl.Int64))
         elif dtype.is_float():
             casts.append(pl.col(name).cast(pl.Float64))
@@ -177,13 +182,16 @@ def write_table_source(
     record); the other columns become the sample's metadata."""
     data_column = getattr(source, "data_column", "data")
     check_text(data_column, f"source {name!r}: data_column")
-    writer = _native.CacheWriter(os.fspath(root), name, spec)
     total = len(source) if hasattr(source, "__len__") else None
+    writer = _native.CacheWriter(os.fspath(root), name, spec)
     bar = Progress(f"caching {name}", total, enabled=progress, unit=" samples")
     try:
         metas: list[pl.DataFrame] = []
+        rows = 0
         for i, table in enumerate(source.tables()):
             frame = table if isinstance(table, pl.DataFrame) else pl.DataFrame(table)
+            if frame.height == 0:
+                continue  # an empty batch adds nothing (its columns may be all Null)
             if data_column not in frame.columns:
                 raise InvalidInputError(
                     f"source {name!r}: table {i} has no data column {data_column!r} "
@@ -195,13 +203,9 @@ def write_table_source(
                     f"source {name!r}: table {i} has metadata columns {dict(meta.schema)}, but "
                     f"table 0 has {dict(metas[0].schema)}; every table of a source needs the same"
                 )
-            try:
-                writer.add_arrow(frame.get_column(data_column))
-            except InvalidInputError as exc:
-                raise InvalidInputError(f"source {name!r}: table {i}: {exc}") from None
+            rows += writer.add_arrow(frame.get_column(data_column))
             metas.append(meta)
             bar.update(frame.height)
-        rows = sum(m.height for m in metas)
         if rows == 0:
             raise InvalidInputError(f"source {name!r} yielded no samples")
         frame = pl.concat(metas, how="vertical", rechunk=False)

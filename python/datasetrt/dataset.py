@@ -938,8 +938,13 @@ class Dataset:
         tensors), and ``follow="head"`` draws each epoch from the head."""
         from .torch import TorchDataset, default_output
 
+        # a resume state may be a StatefulDataLoader's: load_state_dict reads every kind
+        resume = options.pop("resume", None)
         spec = self.loader_spec(batch_size, seed=seed, epoch=epoch, **options)
-        return TorchDataset(self, spec, transform=transform or default_output, follow=follow)
+        tds = TorchDataset(self, spec, transform=transform or default_output, follow=follow)
+        if resume is not None:
+            tds.load_state_dict(resume)
+        return tds
 
     def to_ray(
         self,

@@ -32,16 +32,21 @@ from .exceptions import InvalidInputError
 
 PathLike = str | os.PathLike[str]
 
+#: About how many bytes of rows a source hands over at once (a default
+#: batch's rows are sized to it, so memory stays bounded by bytes, not rows).
+BATCH_BYTES = 64 << 20
+
 
 class Parquet:
     """Parquet files as one source: column ``data_column`` (binary) is each
     sample's payload, the other columns (or only ``columns``) its metadata.
 
     ``paths`` is a path, a glob or a list of them, read in that order (a
-    glob's matches sorted) in batches of ``batch_rows`` rows, so memory stays
-    bounded whatever the files hold. A missing file, a glob that matches
-    nothing or a file polars cannot read is :class:`InvalidInputError`
-    naming it.
+    glob's matches sorted), streamed in batches of ``batch_rows`` rows; by
+    default as many as hold about :data:`BATCH_BYTES` (64 MiB), from the
+    files' size per row, so memory stays bounded whatever a row holds. A
+    missing file, a glob that matches nothing or a file polars cannot read
+    is :class:`InvalidInputError` naming it.
     """
 
     def __init__(
@@ -51,7 +56,7 @@ class Parquet:
         name: str,
         data_column: str = "data",
         columns: Sequence[str] | None = None,
-        batch_rows: int = 65_536,
+        batch_rows: int | None = None,
     ):
         self.name = name
         given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
@@ -61,13 +66,14 @@ class Parquet:
         self.paths = [p for group in self.paths for p in group]
         self.data_column = check_text(data_column, "data_column")
         self.columns = None if columns is None else [check_text(c, "a column") for c in columns]
-        self.batch_rows = check_int(batch_rows, "batch_rows", 1)
+        self.batch_rows = None if batch_rows is None else check_int(batch_rows, "batch_rows", 1)
 
     def __repr__(self) -> str:
         return f"Parquet({self.name!r}, {len(self.paths)} files)"
 
     def _scan(self) -> pl.LazyFrame:
-        frame = pl.scan_parquet(self.paths)
+        # the paths are files already (a glob expanded, in order): no second glob
+        frame = pl.scan_parquet(self.paths, glob=False)
         if self.columns is not None:
             frame = frame.select([self.data_column, *self.columns])
         return frame
@@ -79,10 +85,20 @@ class Parquet:
     def tables(self) -> Iterator[pl.DataFrame]:
         """The files' rows, ``batch_rows`` at a time, in order."""
         scan = self._scan()
+        rows = self.batch_rows
+        if rows is None:  # about BATCH_BYTES of rows, by the files' bytes per row
+            count = len(self)
+            size = sum(os.path.getsize(p) for p in self.paths)
+            rows = max(1, min(count, BATCH_BYTES * max(count, 1) // max(size, 1)))
         if hasattr(scan, "collect_batches"):  # polars >= 1.32: streamed
-            batches = self._read(lambda: iter(scan.collect_batches(chunk_size=self.batch_rows)))
-        else:
-            batches = self._read(lambda: scan.collect().iter_slices(self.batch_rows))
+            batches = self._read(lambda: iter(scan.collect_batches(chunk_size=rows)))
+        else:  # an older polars: a file at a time
+            wanted = None if self.columns is None else [self.data_column, *self.columns]
+            batches = (
+                part
+                for path in self.paths
+                for part in pl.read_parquet(path, columns=wanted).iter_slices(rows)
+            )
         while True:
             batch = self._read(lambda: next(batches, None))
             if batch is None:
@@ -100,8 +116,9 @@ class Parquet:
 
 
 def _expand(path: str, source: str, kind: str = "Parquet file") -> list[str]:
-    """The files a path names: itself, or a glob's matches in sorted order."""
-    if glob.has_magic(path):
+    """The files a path names: itself (a file named ``x[1].parquet`` too), or
+    a glob's matches in sorted order."""
+    if glob.has_magic(path) and not os.path.isfile(path):
         found = sorted(glob.glob(path))
         if not found:
             raise InvalidInputError(f"source {source!r}: no file matches {path!r}")
@@ -151,15 +168,24 @@ class WebDataset:
             _expand(check_text(os.fspath(p), "a shard path"), name, "tar shard") for p in given
         ]
         self.paths = [p for group in found for p in group]
-        self.data = check_text(data, "data")
-        self.metadata = dict(metadata or {})
+        self.data = check_text(data, "data").lower()
+        self.metadata = {
+            check_text(e, "a metadata extension").lower(): k for e, k in (metadata or {}).items()
+        }
+        seen = {"data", "key", "shard"}
         for ext, kind in self.metadata.items():
-            check_text(ext, "a metadata extension")
             if kind not in _DECODE:
                 raise InvalidInputError(
                     f"source {name!r}: metadata {ext!r} has type {kind!r}; use int, float, "
                     f"str or bytes"
                 )
+            column = ext.replace(".", "_")
+            if column in seen or ext == self.data:
+                raise InvalidInputError(
+                    f"source {name!r}: metadata {ext!r} would be column {column!r}, which "
+                    f"another column already is (data, key, shard, or another extension)"
+                )
+            seen.add(column)
         self.batch_rows = check_int(batch_rows, "batch_rows", 1)
 
     def __repr__(self) -> str:
@@ -168,12 +194,14 @@ class WebDataset:
     def tables(self) -> Iterator[pl.DataFrame]:
         """The shards' samples, ``batch_rows`` at a time, in order."""
         batch: list[tuple[int, str, dict[str, bytes]]] = []
+        size = 0
         for shard, path in enumerate(self.paths):
             for key, members in self._samples(path):
                 batch.append((shard, key, members))
-                if len(batch) >= self.batch_rows:
+                size += sum(map(len, members.values()))
+                if len(batch) >= self.batch_rows or size >= BATCH_BYTES:
                     yield self._frame(batch)
-                    batch = []
+                    batch, size = [], 0
         if batch:
             yield self._frame(batch)
 
@@ -195,7 +223,8 @@ class WebDataset:
                         members = {}
                     key = name
                     reader = tar.extractfile(member)
-                    members[ext] = reader.read() if reader is not None else b""
+                    # extensions compare lowercased, as webdataset reads them
+                    members[ext.lower()] = reader.read() if reader is not None else b""
         except (tarfile.TarError, OSError, EOFError) as exc:
             raise InvalidInputError(
                 f"source {self.name!r}: cannot read tar shard {path!r}: {exc}"
@@ -219,7 +248,13 @@ class WebDataset:
         }
         for ext, kind in self.metadata.items():
             values = [self._decode(m.get(ext), kind, ext, s, k) for s, k, m in batch]
-            columns[ext.replace(".", "_")] = pl.Series(values, dtype=_DECODE[kind])
+            try:
+                columns[ext.replace(".", "_")] = pl.Series(values, dtype=_DECODE[kind])
+            except OverflowError:
+                raise InvalidInputError(
+                    f"source {self.name!r}: a {ext!r} member holds an integer outside the "
+                    f"64-bit range (shards {_shown(self.paths)})"
+                ) from None
         return pl.DataFrame(columns)
 
     def _decode(self, raw: bytes | None, kind: type, ext: str, shard: int, key: str) -> Any:
@@ -259,6 +294,7 @@ class HuggingFace:
         self.name = name
         self.data_column = check_text(data, "data")
         self.columns = None if columns is None else [check_text(c, "a column") for c in columns]
+        self.dataset = None
         if isinstance(dataset, (str, os.PathLike)):
             self.files = _saved_files(check_text(os.fspath(dataset), "a dataset path"), name)
         else:
@@ -273,7 +309,9 @@ class HuggingFace:
                     f"source {name!r}: this dataset is a selection of its files' rows (an "
                     f"indices mapping): call flatten_indices() first"
                 )
-            self.files = files
+            # its table: the files' rows as this dataset shows them (a take(),
+            # a renamed or removed column), mapped, not copied
+            self.dataset, self.files = dataset, files
 
     def __repr__(self) -> str:
         return f"HuggingFace({self.name!r}, {len(self.files)} files)"
@@ -282,6 +320,10 @@ class HuggingFace:
         """The files' record batches, in order, as frames."""
         import pyarrow as pa
 
+        if self.dataset is not None:
+            for batch in self.dataset.data.table.to_batches(max_chunksize=1000):
+                yield self._frame(pl.DataFrame(batch), "the dataset")
+            return
         for path in self.files:
             try:
                 with pa.memory_map(path) as source:
@@ -305,6 +347,19 @@ class HuggingFace:
                     f"source {self.name!r}: column {column!r} is a struct without a 'bytes' "
                     f"field ({dtype}); name a column of bytes"
                 )
+            fields = [f.name for f in dtype.fields]
+            if "path" in fields:
+                by_path = frame.filter(
+                    pl.col(column).struct.field("bytes").is_null()
+                    & pl.col(column).struct.field("path").is_not_null()
+                )
+                if by_path.height:
+                    path_of = by_path[column].struct.field("path")[0]
+                    raise InvalidInputError(
+                        f"source {self.name!r}: column {column!r} names its files by path "
+                        f"({path_of!r}) instead of holding their bytes: embed them first "
+                        f"(datasets' embed_external_files, or a map that reads each file)"
+                    )
             frame = frame.with_columns(pl.col(column).struct.field("bytes").alias(column))
         if self.columns is not None:
             frame = frame.select([column, *self.columns])
@@ -352,7 +407,7 @@ class Lance:
         data: str,
         columns: Sequence[str] | None = None,
         version: int | None = None,
-        batch_rows: int = 16_384,
+        batch_rows: int = 1024,
     ):
         import lance
 

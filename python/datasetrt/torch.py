@@ -111,8 +111,10 @@ class TorchDataset(IterableDataset):
         self.dataset = dataset
         self.transform = transform
         resume = spec.resume
-        # the rank's request; `version` pins the snapshot, `resume` the position
-        self.spec: _native.LoaderSpec = spec.replace(version=dataset.version, resume=None)
+        # the rank's request; `version` pins the snapshot (the spec's, else
+        # the active one), `resume` the position
+        version = dataset.version if spec.version is None else spec.version
+        self.spec: _native.LoaderSpec = spec.replace(version=version, resume=None)
         # a state torchdata loaded into this worker's copy, for its next iteration
         self._reader_resume: dict[str, Any] | None = None
         # (plan, batches delivered, inside a worker) of this copy's latest iteration
@@ -126,22 +128,12 @@ class TorchDataset(IterableDataset):
         if resume is not None:
             self.load_state_dict(resume)
 
-    # what the spec holds, by name (the loop and tests read them)
-    @property
-    def epoch(self) -> int:
-        return self.spec.epoch
-
-    @property
-    def version(self) -> int:
-        return self.spec.version
-
-    @property
-    def rank(self) -> int:
-        return self.spec.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.spec.world_size
+    def __getattr__(self, name: str) -> Any:
+        """The spec's options by name (``tds.epoch``, ``tds.seed``, ``tds.rank``...)."""
+        spec = self.__dict__.get("spec")  # absent while unpickling
+        if spec is not None and name in spec.to_dict():
+            return getattr(spec, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __getstate__(self) -> dict[str, Any]:
         # a copy (a spawned worker's) starts with no iteration of its own

@@ -39,12 +39,12 @@ impl PyWriterSpec {
                     base.codec = Codec::parse(&name).py()?;
                 }
                 "level" => {
-                    let bool_or_not_int =
-                        v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>();
-                    base.level = match v.extract::<i32>() {
-                        Ok(level) if !bool_or_not_int => level,
-                        _ => return Err(invalid(format!("level must be an int, got {}", repr(v)))),
-                    };
+                    if v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>() {
+                        return Err(invalid(format!("level must be an int, got {}", repr(v))));
+                    }
+                    base.level = v.extract::<i32>().map_err(|_| {
+                        invalid(format!("level {} is outside the levels of zstd", repr(v)))
+                    })?;
                 }
                 "shard_bytes" => base.shard_target_bytes = int(v, "shard_bytes", u64::MAX)?,
                 "threads" => base.threads = int(v, "threads", 1 << 16)? as usize,

@@ -201,12 +201,13 @@ impl CacheWriter {
     pub fn add_binary(&mut self, column: &dyn Array) -> Result<u64> {
         let value = binary_values(column)?;
         if let Some(i) = (0..column.len()).find(|&i| column.is_null(i)) {
+            let record = self.records as usize + i; // the row of the source
             return Err(Error::invalid(format!(
-                "record {} of source {:?} is null: its data column must hold bytes in every row",
-                self.records + i as u64,
+                "record {record} of source {:?} is null: its data column must hold bytes in \
+                 every row",
                 self.name
             ))
-            .at_row(i));
+            .at_row(record));
         }
         let mut next = 0;
         while next < column.len() {

@@ -2,6 +2,7 @@
 //! row of each draw (`epoch`, `position`).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
 
 use arrow::array::{Array, BooleanArray, RecordBatch, UInt64Array};
@@ -104,18 +105,49 @@ pub fn read_run(run_dir: &Path) -> Result<Option<RecordBatch>> {
             .clone()
     };
     let (epoch, position) = (u64s(0), u64s(1));
-    let key = |i: usize| (epoch.value(i), position.value(i));
-    let mut last: HashMap<(u64, u64), usize> = HashMap::with_capacity(rows.num_rows());
-    for i in 0..rows.num_rows() {
+    let keep = newest(rows.num_rows(), |i| {
+        (u128::from(epoch.value(i)) << 64) | u128::from(position.value(i))
+    });
+    Ok(Some(match keep {
+        None => rows, // no draw logged twice
+        Some(keep) => filter_record_batch(&rows, &keep)?,
+    }))
+}
+
+/// Which of `n` rows are the last of their key (`None`: every one is).
+fn newest(n: usize, key: impl Fn(usize) -> u128) -> Option<BooleanArray> {
+    let mut last: HashMap<u128, usize, BuildHasherDefault<KeyHasher>> =
+        HashMap::with_capacity_and_hasher(n, BuildHasherDefault::default());
+    for i in 0..n {
         last.insert(key(i), i);
     }
-    if last.len() == rows.num_rows() {
-        return Ok(Some(rows)); // no draw logged twice
+    (last.len() != n).then(|| (0..n).map(|i| Some(last[&key(i)] == i)).collect())
+}
+
+/// A multiplicative hash of integer keys (draw positions are dense: no
+/// attacker picks them, and SipHash costs more than the lookup).
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
     }
-    let keep: BooleanArray = (0..rows.num_rows())
-        .map(|i| Some(last[&key(i)] == i))
-        .collect();
-    Ok(Some(filter_record_batch(&rows, &keep)?))
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u128(&mut self, key: u128) {
+        let folded = (key as u64) ^ ((key >> 64) as u64).rotate_left(29);
+        self.0 = (self.0 ^ folded).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(26);
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        self.write_u128(u128::from(key));
+    }
 }
 
 #[cfg(test)]

@@ -142,7 +142,9 @@ impl Hasher for KeyHasher {
 
     fn write_u128(&mut self, key: u128) {
         let folded = (key as u64) ^ ((key >> 64) as u64).rotate_left(29);
-        self.0 = (self.0 ^ folded).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(26);
+        self.0 = (self.0 ^ folded)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .rotate_left(26);
     }
 
     fn write_u64(&mut self, key: u64) {

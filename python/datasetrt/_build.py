@@ -6,6 +6,7 @@ import numbers
 import os
 import pickle
 from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -184,8 +185,7 @@ def write_table_source(
     check_text(data_column, f"source {name!r}: data_column")
     total = len(source) if hasattr(source, "__len__") else None
     writer = _native.CacheWriter(os.fspath(root), name, spec)
-    bar = Progress(f"caching {name}", total, enabled=progress, unit=" samples")
-    try:
+    with _writing(writer, name, total, progress) as bar:
         metas: list[pl.DataFrame] = []
         rows = 0
         for i, table in enumerate(source.tables()):
@@ -206,16 +206,30 @@ def write_table_source(
             rows += writer.add_arrow(frame.get_column(data_column))
             metas.append(meta)
             bar.update(frame.height)
-        if rows == 0:
-            raise InvalidInputError(f"source {name!r} yielded no samples")
-        frame = pl.concat(metas, how="vertical", rechunk=False)
-        attributes, nulls = arrow_stream(frame if frame.width else pl.DataFrame(), "build()")
-        return writer.finish(attributes, nulls=nulls)
+        frame = pl.concat(metas, how="vertical", rechunk=False) if metas else pl.DataFrame()
+        return _publish(writer, name, rows, frame if frame.width else pl.DataFrame())
+
+
+@contextmanager
+def _writing(writer: _native.CacheWriter, name: str, total: int | None, progress: bool):
+    """The progress bar of a cache being written; `writer` is aborted
+    (nothing published) if the body raises."""
+    bar = Progress(f"caching {name}", total, enabled=progress, unit=" samples")
+    try:
+        yield bar
     except BaseException:
         writer.abort()
         raise
     finally:
         bar.close()
+
+
+def _publish(writer: Any, name: str, records: int, metadata: pl.DataFrame) -> dict[str, Any]:
+    """Publish `records` records with their metadata (a frame without columns: none)."""
+    if records == 0:
+        raise InvalidInputError(f"source {name!r} yielded no samples")
+    attributes, nulls = arrow_stream(metadata, "build()")
+    return writer.finish(attributes, nulls=nulls)
 
 
 def writer_spec(
@@ -237,10 +251,9 @@ def write_source(
     progress: bool,
 ) -> dict[str, Any]:
     """Iterate `source` once and publish it as cache `root/name`, written as `spec` says."""
-    writer = _native.CacheWriter(os.fspath(root), name, spec)
     total = len(source) if hasattr(source, "__len__") else None  # type: ignore[arg-type]
-    bar = Progress(f"caching {name}", total, enabled=progress, unit=" samples")
-    try:
+    writer = _native.CacheWriter(os.fspath(root), name, spec)
+    with _writing(writer, name, total, progress) as bar:
         keys: list[str] | None = None
         keyset: Any = None
         columns: dict[str, list[Any]] = {}
@@ -306,18 +319,10 @@ def write_source(
                 flush()
         if datas:
             flush()
-        if n == 0:
-            raise InvalidInputError(f"source {name!r} yielded no samples")
         # With no metadata keys the frame has no columns; the engine takes that as "none".
-        attributes, nulls = arrow_stream(
-            pl.DataFrame([_column(name, k, v) for k, v in columns.items()]), "build()"
+        return _publish(
+            writer, name, n, pl.DataFrame([_column(name, k, v) for k, v in columns.items()])
         )
-        return writer.finish(attributes, nulls=nulls)
-    except BaseException:
-        writer.abort()
-        raise
-    finally:
-        bar.close()
 
 
 def check_names(sources: Sequence[Any]) -> list[str]:

@@ -67,6 +67,7 @@ class Parquet:
         self.data_column = check_text(data_column, "data_column")
         self.columns = None if columns is None else [check_text(c, "a column") for c in columns]
         self.batch_rows = None if batch_rows is None else check_int(batch_rows, "batch_rows", 1)
+        self._rows: int | None = None
 
     def __repr__(self) -> str:
         return f"Parquet({self.name!r}, {len(self.paths)} files)"
@@ -79,8 +80,10 @@ class Parquet:
         return frame
 
     def __len__(self) -> int:
-        """Rows of all the files (from their footers)."""
-        return int(self._read(lambda: self._scan().select(pl.len()).collect().item()))
+        """Rows of all the files (from their footers, read once)."""
+        if self._rows is None:
+            self._rows = int(self._read(lambda: self._scan().select(pl.len()).collect().item()))
+        return self._rows
 
     def tables(self) -> Iterator[pl.DataFrame]:
         """The files' rows, ``batch_rows`` at a time, in order."""

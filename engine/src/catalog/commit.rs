@@ -27,7 +27,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use super::snapshot::Snapshot;
-use crate::store::checksum::crc32c;
+use crate::store::checksum::{seal_text, unseal_text};
 use crate::store::fs;
 use crate::{Error, Result};
 
@@ -89,25 +89,13 @@ pub fn parse_head(raw: &[u8]) -> Option<u64> {
 }
 
 fn encode_record(header: &str, number: u64) -> String {
-    let body = format!("{header}\nsnapshot={number}\n");
-    let crc = crc32c(body.as_bytes());
-    format!("{body}checksum={crc:08x}\n")
+    seal_text(&format!("{header}\nsnapshot={number}\n"))
 }
 
 /// The snapshot number of a checksummed record (the head or a tag), or
 /// `None` when any byte of it is wrong.
 fn parse_record(header: &str, raw: &[u8]) -> Option<u64> {
-    let text = std::str::from_utf8(raw).ok()?;
-    let split = text.rfind("checksum=")?;
-    let hex = text[split + 9..].strip_suffix('\n')?;
-    if hex.len() != 8 {
-        return None;
-    }
-    let stored = u32::from_str_radix(hex, 16).ok()?;
-    if crc32c(&raw[..split]) != stored {
-        return None;
-    }
-    let mut lines = text[..split].lines();
+    let mut lines = unseal_text(raw).ok()?.lines();
     if lines.next()? != header {
         return None;
     }

@@ -121,10 +121,76 @@ impl<W: std::io::Write> std::io::Write for CrcWriter<W> {
 }
 
 /// A text file's body sealed with its checksum: the body, then the line
-/// `checksum=<crc32c of every byte before it>` (manifests, snapshot
-/// manifests).
+/// `checksum=<crc32c of every byte before it, 8 hex digits>` (manifests,
+/// snapshot manifests, heads, tags, group records, schedule entries).
 pub fn seal_text(body: &str) -> String {
     format!("{body}checksum={:08x}\n", crc32c(body.as_bytes()))
+}
+
+/// Why bytes sealed by [`seal_text`] or [`seal_bytes`] did not open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unsealed {
+    /// Not UTF-8 (a text seal).
+    NotText,
+    /// No seal where one must be: no `checksum=` line, or fewer than 4 bytes.
+    Missing,
+    /// The seal is not `checksum=` with 8 hex digits and a newline.
+    Unreadable,
+    /// The seal is whole but the bytes before it have another checksum.
+    Mismatch { stored: u32, computed: u32 },
+}
+
+impl std::fmt::Display for Unsealed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unsealed::NotText => f.write_str("is not UTF-8"),
+            Unsealed::Missing => f.write_str("has no checksum"),
+            Unsealed::Unreadable => f.write_str("has an unreadable checksum line"),
+            Unsealed::Mismatch { stored, computed } => {
+                write!(
+                    f,
+                    "checksum mismatch (stored {stored:08x}, computed {computed:08x})"
+                )
+            }
+        }
+    }
+}
+
+/// The body of text sealed by [`seal_text`]: everything before its checksum
+/// line, if that line is exactly as `seal_text` writes it and matches.
+pub fn unseal_text(raw: &[u8]) -> std::result::Result<&str, Unsealed> {
+    let text = std::str::from_utf8(raw).map_err(|_| Unsealed::NotText)?;
+    let split = text.rfind("checksum=").ok_or(Unsealed::Missing)?;
+    let hex = text[split + 9..]
+        .strip_suffix('\n')
+        .filter(|hex| hex.len() == 8)
+        .ok_or(Unsealed::Unreadable)?;
+    let stored = u32::from_str_radix(hex, 16).map_err(|_| Unsealed::Unreadable)?;
+    check_seal(&raw[..split], stored)?;
+    Ok(&text[..split])
+}
+
+/// Seal binary `bytes`: append the CRC-32C of all of them (little-endian).
+pub fn seal_bytes(bytes: &mut Vec<u8>) {
+    let crc = crc32c(bytes);
+    bytes.extend_from_slice(&crc.to_le_bytes());
+}
+
+/// The body of bytes sealed by [`seal_bytes`], if the last 4 bytes are the
+/// CRC-32C of the rest.
+pub fn unseal_bytes(bytes: &[u8]) -> std::result::Result<&[u8], Unsealed> {
+    let split = bytes.len().checked_sub(4).ok_or(Unsealed::Missing)?;
+    let stored = u32::from_le_bytes(bytes[split..].try_into().expect("4 bytes"));
+    check_seal(&bytes[..split], stored)?;
+    Ok(&bytes[..split])
+}
+
+fn check_seal(body: &[u8], stored: u32) -> std::result::Result<(), Unsealed> {
+    let computed = crc32c(body);
+    if computed != stored {
+        return Err(Unsealed::Mismatch { stored, computed });
+    }
+    Ok(())
 }
 
 /// Open a text file sealed by [`seal_text`] whose first line is `<header>
@@ -139,25 +205,15 @@ pub fn open_sealed_text<'a>(
     what: &str,
 ) -> Result<(u32, &'a str)> {
     let bad = |detail: String| Error::corrupt(path, detail);
-    let text = std::str::from_utf8(text).map_err(|_| bad(format!("{what} is not UTF-8")))?;
-    let first = text.lines().next().unwrap_or_default();
+    let lossy = String::from_utf8_lossy(text);
+    let first = lossy.lines().next().unwrap_or_default();
     let version: u32 = first
         .strip_prefix(header)
         .and_then(|v| v.trim().parse().ok())
         .ok_or_else(|| bad(format!("first line {first:?} is not '{header} <version>'")))?;
     check_version(path, version, versions)?;
-    let split = text
-        .rfind("checksum=")
-        .ok_or_else(|| bad("no checksum line".into()))?;
-    let stored = u32::from_str_radix(text[split + 9..].trim(), 16)
-        .map_err(|_| bad("unreadable checksum line".into()))?;
-    let actual = crc32c(&text.as_bytes()[..split]);
-    if stored != actual {
-        return Err(bad(format!(
-            "{what} checksum mismatch (stored {stored:08x}, computed {actual:08x})"
-        )));
-    }
-    Ok((version, &text[..split]))
+    let body = unseal_text(text).map_err(|why| bad(format!("{what} {why}")))?;
+    Ok((version, body))
 }
 
 /// A binary file's first 8 bytes are `magic`, else it is not a DatasetRT
@@ -247,6 +303,49 @@ mod tests {
         let other = seal_text("other 1\n");
         let err = open_sealed_text(path, other.as_bytes(), "thing", 1..=2, "thing").unwrap_err();
         assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_seal_opens_only_as_it_was_written() {
+        let text = seal_text("head\nsnapshot=7\n");
+        assert_eq!(unseal_text(text.as_bytes()), Ok("head\nsnapshot=7\n"));
+        // A seal must be 8 hex digits and a newline: a trimmed, padded or
+        // truncated line is refused even where its value would match.
+        let hex = &text[text.len() - 9..text.len() - 1];
+        for bad in [
+            text.trim_end().to_string(),
+            format!("{text} "),
+            text.replace(hex, &format!(" {hex}")),
+            text.replace(hex, hex.trim_start_matches('0')),
+        ] {
+            if bad != text {
+                assert_eq!(
+                    unseal_text(bad.as_bytes()),
+                    Err(Unsealed::Unreadable),
+                    "{bad:?}"
+                );
+            }
+        }
+        assert_eq!(unseal_text(b"head\n"), Err(Unsealed::Missing));
+        assert_eq!(
+            unseal_text(b"\xff checksum=00000000\n"),
+            Err(Unsealed::NotText)
+        );
+        let edited = text.replace("=7", "=8");
+        assert!(matches!(
+            unseal_text(edited.as_bytes()),
+            Err(Unsealed::Mismatch { .. })
+        ));
+
+        let mut bytes = b"DRTTHING body".to_vec();
+        seal_bytes(&mut bytes);
+        assert_eq!(unseal_bytes(&bytes), Ok(&b"DRTTHING body"[..]));
+        assert_eq!(unseal_bytes(&bytes[..3]), Err(Unsealed::Missing));
+        for at in 0..bytes.len() {
+            let mut flipped = bytes.clone();
+            flipped[at] ^= 0x10;
+            assert!(unseal_bytes(&flipped).is_err(), "byte {at} flipped");
+        }
     }
 
     #[test]

@@ -21,13 +21,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use arrow::buffer::Buffer;
 
-use super::checksum::crc32c;
+use super::checksum::{crc32c, seal_bytes, unseal_bytes};
 use super::host::records::HostBits;
 use crate::{Error, Result};
-
-// Callers in files other work has in hand still name these `chunks::`
-// (catalog/snapshot, store/reader.rs, store/writer.rs, sample/alias.rs);
-// they live in `host::records`: remove this once those name them there.
 
 /// Bytes per checked chunk: a loader's draw reads 8 bytes of a column and
 /// checks the 64 KiB around them once (16 pages), a batch of 256 draws a few
@@ -109,21 +105,17 @@ impl ChunkTable {
         for crc in &self.crcs {
             out.extend_from_slice(&crc.to_le_bytes());
         }
-        let seal = crc32c(&out);
-        out.extend_from_slice(&seal.to_le_bytes());
+        seal_bytes(&mut out);
         out
     }
 
     /// The table in `bytes`, if they are a whole, undamaged sidecar of this
     /// format describing a file of `len` bytes with CRC-32C `crc`.
     pub fn decode(bytes: &[u8], len: u64, crc: u32) -> Option<ChunkTable> {
-        let body = bytes.len().checked_sub(4)?;
+        let bytes = unseal_bytes(bytes).ok()?;
+        let body = bytes.len();
         let u32_at = |at: usize| Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?));
-        if bytes.get(..8)? != MAGIC
-            || u32_at(8)? != VERSION
-            || u32_at(12)? as usize != CHUNK
-            || u32_at(body)? != crc32c(&bytes[..body])
-        {
+        if bytes.get(..8)? != MAGIC || u32_at(8)? != VERSION || u32_at(12)? as usize != CHUNK {
             return None;
         }
         let file_len = u64::from_le_bytes(bytes.get(16..24)?.try_into().ok()?);

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::checksum::{check_magic, crc32c, header_version};
+use super::checksum::{check_magic, crc32c, header_version, unseal_bytes};
 use super::codec::Codec;
 use crate::{Error, Result};
 
@@ -95,7 +95,7 @@ pub fn encode_index_header(count: u64, entries_crc: u32) -> [u8; INDEX_HEADER_LE
     h[16..24].copy_from_slice(&count.to_le_bytes());
     h[24..28].copy_from_slice(&entries_crc.to_le_bytes());
     let crc = crc32c(&h[0..28]);
-    h[28..32].copy_from_slice(&crc.to_le_bytes());
+    h[28..32].copy_from_slice(&crc.to_le_bytes()); // as seal_bytes appends it
     h
 }
 
@@ -119,9 +119,8 @@ pub fn check_index_header(path: &Path, bytes: &[u8]) -> Result<(u64, u32)> {
     }
     let h = &bytes[..INDEX_HEADER_LEN];
     check_magic(path, h, &INDEX_MAGIC, "index")?;
-    let stored_crc = u32::from_le_bytes(h[28..32].try_into().expect("4 bytes"));
-    if crc32c(&h[0..28]) != stored_crc {
-        return Err(Error::corrupt(path, "index header checksum mismatch"));
+    if let Err(why) = unseal_bytes(h) {
+        return Err(Error::corrupt(path, format!("index header {why}")));
     }
     header_version(path, h, FORMAT_VERSION..=FORMAT_VERSION)?;
     let entry_len = u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")) as usize;

@@ -244,6 +244,6 @@ def test_the_example_notebook_runs_and_shows_escaped_tables_and_a_plot(tmp_path)
     # the note of the selected snapshot holds its query, `quality >= 0.5`, escaped
     assert any("<table>" in h and "quality &gt;= 0.5" in h for h in views), views
     assert not any("quality >= 0.5" in h for h in html)
-    assert any("datasetrt.Sample" in h and "pickle" in h for h in html)  # numpy preview
+    assert any("datasetrt.Sample" in h and "fields" in h for h in html)  # typed preview
     pngs = [o["data"]["image/png"] for o in outputs if "image/png" in o.get("data", {})]
     assert len(pngs) == 1 and base64.b64decode(pngs[0]).startswith(b"\x89PNG")

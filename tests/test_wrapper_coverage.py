@@ -83,6 +83,14 @@ INTERNAL: dict[tuple[str, str], str] = {
     ),
     ("Dataset", "start"): "Loader starts its native loader from its LoaderSpec with it",
     ("Dataset", "pin"): "unpickling pins the snapshot the pickled Dataset had active",
+    ("Batch", "payload_head"): "records.Reader reads a typed record's header with it",
+    ("Batch", "first_unlike"): (
+        "records.Reader checks that every record of a batch has one header with it"
+    ),
+    ("Batch", "gather_into"): (
+        "Batch.tensor/torch copy a field of every record into one array with it"
+    ),
+    ("Batch", "run"): "Batch.tensor views a field in place when the records lie evenly",
 }
 
 
@@ -284,6 +292,8 @@ def test_the_wrapper_classes_are_found():
         "Batch": "Batch",
         "Dataset": "Dataset",
         "Loader": "Loader",
+        # records.Reader reads a batch's typed fields through the native batch
+        "Reader": "Batch",
         "Worker": "Worker",
         "_Writer": "ScoreWriter",
     }

@@ -1,19 +1,19 @@
 """DatasetRT: cache preprocessed ML samples once; choose, reweight and read them
 with SQL or Polars without rewriting the payload bytes.
 
->>> import datasetrt as drt, tempfile, pickle
+>>> import datasetrt as drt, tempfile, numpy as np
 >>> class Squares:
 ...     name = "squares-v1"
 ...     def __iter__(self):
 ...         for i in range(10):
-...             yield drt.CacheInput(pickle.dumps(i * i), {"label": i % 2})
+...             yield drt.CacheInput({"x": np.full(4, i * i)}, {"label": i % 2})
 >>> ds = drt.build(tempfile.mkdtemp(), [Squares()], progress=False)
 >>> ds.sql("SELECT label, count(*) AS n FROM metadata GROUP BY label ORDER BY label").rows()
 [(0, 5), (1, 5)]
 >>> import polars as pl
 >>> ds.update_metadata(ds.get_metadata().filter(pl.col("label") == 1))
 1
->>> {pickle.loads(s.data) for s in ds.iter(seed=7)} <= {1, 9, 25, 49, 81}
+>>> {int(s.fields()["x"][0]) for s in ds.iter(seed=7)} <= {1, 9, 25, 49, 81}
 True
 """
 
@@ -43,6 +43,7 @@ from .exceptions import (
 )
 from .loader import Batch, Loader, Sample
 from .mixing import MixtureController
+from .records import Field
 from .worker import Worker
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "CorruptCacheError",
     "Dataset",
     "DatasetRTError",
+    "Field",
     "InternalError",
     "InvalidInputError",
     "Loader",

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numbers
 import os
 import pickle
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import polars as pl
 
-from . import _native
+from . import _native, records
 from ._arrow import arrow_stream
 from ._progress import Progress
 from ._state import check_text
@@ -27,13 +27,19 @@ class CacheInput(NamedTuple):
     """One sample of a source: its payload bytes and a flat metadata dict.
 
     A plain ``(bytes, dict)`` tuple is accepted wherever a ``CacheInput`` is;
-    ``metadata=None`` means no metadata keys.
+    ``metadata=None`` means no metadata keys. ``data`` may instead be a dict
+    of numpy arrays and numbers (``{"image": array, "label": 3}``): the
+    record is then stored typed (:mod:`datasetrt.records`) and read back with
+    ``batch.tensor(name)``, no pickle. Every record of such a source has the
+    fields, dtypes and shapes of record 0, or of the source's ``fields``
+    attribute (``{"audio": drt.Field("float32", (None, 80))}``) when it has
+    one.
 
     >>> CacheInput(b"payload", {"label": 3}).metadata["label"]
     3
     """
 
-    data: bytes
+    data: bytes | Mapping[str, Any]
     metadata: dict[str, Any] | None = None
 
 
@@ -252,6 +258,9 @@ def write_source(
 ) -> dict[str, Any]:
     """Iterate `source` once and publish it as cache `root/name`, written as `spec` says."""
     total = len(source) if hasattr(source, "__len__") else None  # type: ignore[arg-type]
+    fields = getattr(source, "fields", None)
+    if fields is not None:
+        fields = records.check_fields(fields, f"source {name!r}")
     writer = _native.CacheWriter(os.fspath(root), name, spec)
     with _writing(writer, name, total, progress) as bar:
         keys: list[str] | None = None
@@ -280,13 +289,20 @@ def write_source(
                     f"source {name!r}: record {n} is a {type(item).__name__}; expected "
                     f"CacheInput(data, metadata) or a (bytes, dict) pair"
                 ) from None
-            if type(data) is not bytes:
+            if n == 0 and fields is None and isinstance(data, Mapping):
+                fields = records.infer_fields(data, f"source {name!r}: record 0")
+                for key in fields:
+                    records.check_name(key, f"source {name!r}")
+            if fields is not None:
+                data = records.encode(data, fields, f"source {name!r}: record {n}")
+            elif type(data) is not bytes:
                 if isinstance(data, (bytearray, memoryview)):
                     data = bytes(data)
                 else:
                     raise InvalidInputError(
                         f"source {name!r}: record {n}: data is {type(data).__name__}; expected "
-                        f"bytes, bytearray or memoryview (serialize it first, e.g. pickle.dumps)"
+                        f"bytes, bytearray or memoryview, or (as record 0 of a typed source) "
+                        f"a dict of arrays"
                     )
             if meta is None:
                 meta = {}

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from . import records
+
 if TYPE_CHECKING:
     from .dataset import Dataset
     from .loader import Batch, Loader, Sample
@@ -280,6 +282,19 @@ def pickle_preview(data: bytes) -> str | None:
         return None
 
 
+def typed_preview(s: Sample) -> str:
+    """Each field of a typed record: its dtype, shape and first values."""
+    try:
+        fields = s.fields()
+    except Exception as exc:  # a damaged header: the repr still shows the rest
+        return f"unreadable: {exc}"
+    parts = []
+    for name, array in fields.items():
+        values = ", ".join(map(str, array.ravel()[:6])) + (" …" if array.size > 6 else "")
+        parts.append(f"{name}: {array.dtype}{list(array.shape)} [{values}]")
+    return "; ".join(parts)
+
+
 def sample(s: Sample) -> str:
     data = s.data
     hexed = data[:PREVIEW_BYTES].hex(" ") + (" …" if len(data) > PREVIEW_BYTES else "")
@@ -293,6 +308,8 @@ def sample(s: Sample) -> str:
     if preview is not None:
         cut = preview[:400] + ("…" if len(preview) > 400 else "")
         rows.append(("pickle", f"<code>{esc(cut)}</code>"))
+    elif records.is_typed(data):
+        rows.append(("fields", f"<code>{esc(typed_preview(s))}</code>"))
     body = table(("", ""), rows, raw=(1,))
     metadata = s.metadata
     if metadata is None:

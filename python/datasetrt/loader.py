@@ -7,12 +7,14 @@ snapshot; see :meth:`datasetrt.Dataset.loader`.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy
 import polars as pl
 
-from . import _html, _native
+from . import _html, _native, records
 from ._html import HtmlRepr
 
 if TYPE_CHECKING:
@@ -71,6 +73,17 @@ class Sample(HtmlRepr):
             self._metadata = self._frame().row(self._row, named=True)
         return self._metadata
 
+    def fields(self) -> dict[str, Any]:
+        """A typed record's fields (:mod:`datasetrt.records`): name -> a
+        read-only numpy array over ``data``."""
+        layout = records.parse(self.data, f"cache {self.cache_id} sample {self.sample_id}")
+        return {
+            name: numpy.frombuffer(self.data, dtype, nbytes // dtype.itemsize, offset).reshape(
+                shape
+            )
+            for name, (dtype, shape, offset, nbytes) in layout.fields.items()
+        }
+
     def __repr__(self) -> str:
         return (
             f"Sample(cache_id={self.cache_id}, sample_id={self.sample_id}, {len(self.data)} bytes)"
@@ -119,6 +132,31 @@ class _Lists:
     def views(self) -> list[memoryview]:
         return [memoryview(d) for d in self._data]
 
+    # what datasetrt.records asks of a native batch, done in Python
+
+    def payload_head(self, row: int, n: int) -> tuple[bytes, int]:
+        return self._data[row][:n], len(self._data[row])
+
+    def first_unlike(self, header: bytes, end: int) -> int | None:
+        for row, data in enumerate(self._data):
+            if len(data) < end or not data.startswith(header):
+                return row
+        return None
+
+    def gather_into(
+        self, header: bytes, start: int, length: int, address: int, capacity: int
+    ) -> int | None:
+        unlike = self.first_unlike(header, start + length)
+        if unlike is not None:
+            return unlike
+        target = (ctypes.c_char * capacity).from_address(address)
+        for row, data in enumerate(self._data):
+            target[row * length : (row + 1) * length] = data[start : start + length]
+        return None
+
+    def run(self) -> None:
+        return None  # no mapping travels with a pickled batch
+
     def to_arrow(self) -> pl.DataFrame:
         return pl.DataFrame(
             {
@@ -154,7 +192,11 @@ class Batch(HtmlRepr):
       sequence (what a score log keys its rows by); ``epoch``: that epoch;
     - ``to_arrow()`` / ``__arrow_c_array__``: the record batch itself, for
       ``pl.DataFrame(batch.to_arrow())`` or ``pyarrow.record_batch(batch)``;
-      raw payloads stay views over the mapped shard there too.
+      raw payloads stay views over the mapped shard there too;
+    - typed records (a source yielding ``{"image": array, ...}``, see
+      :mod:`datasetrt.records`): ``tensor(name)`` a numpy array of every
+      row's field, ``torch(name)`` a torch tensor, ``arrays(name)`` one array
+      per row, ``fields`` the fields of row 0.
     """
 
     __slots__ = (
@@ -165,6 +207,7 @@ class Batch(HtmlRepr):
         "_frame",
         "_metadata",
         "_native",
+        "_records",
         "_rows",
         "_sample_id",
     )
@@ -179,9 +222,53 @@ class Batch(HtmlRepr):
         self._sample_id: list[int] | None = None
         self._data: list[bytes] | None = None
         self._draws: list[int] | None = None
+        self._records: records.Reader | None = None
 
     def __len__(self) -> int:
         return len(self._native)
+
+    def _typed(self) -> records.Reader:
+        if self._records is None:
+            self._records = records.Reader(
+                self._native,
+                lambda row: f"cache {self.cache_id[row]} sample {self.sample_id[row]}",
+            )
+        return self._records
+
+    @property
+    def fields(self) -> dict[str, tuple[Any, tuple[int, ...]]]:
+        """Row 0's typed fields: name -> (numpy dtype, shape)."""
+        return {n: (d, s) for n, (d, s, _, _) in self._typed().layout().fields.items()}
+
+    def tensor(self, name: str, *, copy: bool = False) -> Any:
+        """Field `name` of every row as one numpy array, rows first.
+
+        A read-only view of the mapped shard, with no copy, when the rows lie
+        one after another in one shard stored raw (``codec="none"``, read in
+        order) and `copy` is false; otherwise one copy, made natively
+        without the GIL, into a new writable array. Rows whose shapes differ
+        are :class:`InvalidInputError` (read them with :meth:`arrays`); a
+        cache of bytes payloads is :class:`InvalidInputError` too; a damaged
+        header :class:`CorruptCacheError`."""
+        return self._typed().tensor(name, copy=copy)
+
+    def torch(self, name: str, *, pin_memory: bool = False) -> Any:
+        """Field `name` of every row as one writable torch tensor, rows
+        first: copied once into memory torch allocates (page-locked with
+        `pin_memory`, which needs a CUDA build). Never a view of the shard:
+        torch has no read-only tensors, and a write into a mapped shard would
+        kill the process."""
+        return self._typed().torch(name, pin_memory=pin_memory)
+
+    def arrays(self, name: str) -> list[Any]:
+        """Field `name` of each row as its own read-only numpy array, over
+        the row's payload (fields of variable shape)."""
+        return self._typed().arrays(name)
+
+    @property
+    def typed(self) -> bool:
+        """Whether the rows are typed records (row 0 is; an empty batch is not)."""
+        return len(self._native) > 0 and records.is_typed(self._native.payload_head(0, 8)[0])
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # the lists travel; the mapping does not (``to_arrow`` then gives a

@@ -47,9 +47,16 @@ def default_output(batch: Batch) -> dict[str, Any]:
     """``{"data": list[bytes], "cache_id": LongTensor, "sample_id": LongTensor,
     "draw": LongTensor, "epoch": int}``: ``draw`` holds the rows' global draw
     positions, the key of a score log (``ScoreLog.append_batch`` takes this
-    dict), ``epoch`` the epoch they were drawn in."""
+    dict), ``epoch`` the epoch they were drawn in. For typed records
+    (:mod:`datasetrt.records`) ``data`` gives way to one tensor per field,
+    rows first (``batch.torch(name)``; the DataLoader's ``pin_memory=True``
+    pins them)."""
+    if batch.typed:
+        out: dict[str, Any] = {name: batch.torch(name) for name in batch.fields}
+    else:
+        out = {"data": batch.data}
     return {
-        "data": batch.data,
+        **out,
         "cache_id": torch.tensor(batch.cache_id, dtype=torch.int64),
         "sample_id": torch.tensor(batch.sample_id, dtype=torch.int64),
         "draw": torch.tensor(batch.draws, dtype=torch.int64),

@@ -15,7 +15,7 @@ use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{AsArray, ByteView, RecordBatch, MAX_INLINE_VIEW_LEN};
+use arrow::array::{Array, AsArray, ByteView, RecordBatch, MAX_INLINE_VIEW_LEN};
 use arrow::buffer::Buffer;
 use arrow::datatypes::{Int64Type, UInt64Type};
 use datasetrt::store::CacheSet;
@@ -215,6 +215,108 @@ impl PyBatch {
             list.append(item)?;
         }
         Ok(list)
+    }
+
+    /// The first `n` bytes of row `row`'s payload (fewer if it is
+    /// shorter) and its length: a typed record's header, read without a
+    /// view of every row.
+    fn payload_head<'py>(
+        &self,
+        py: Python<'py>,
+        row: usize,
+        n: usize,
+    ) -> PyResult<(Bound<'py, PyBytes>, usize)> {
+        let data = self.batch.column(DATA).as_binary_view();
+        if row >= data.len() {
+            return Err(pyo3::exceptions::PyIndexError::new_err(format!(
+                "row {row} of a batch of {}",
+                data.len()
+            )));
+        }
+        let value = data.value(row);
+        Ok((PyBytes::new(py, &value[..n.min(value.len())]), value.len()))
+    }
+
+    /// The first row whose payload does not begin with `header` or is
+    /// shorter than `end` bytes; `None` when every row's does and is (the
+    /// check of a typed field: rows alike share row 0's header).
+    fn first_unlike(&self, header: &[u8], end: usize) -> Option<usize> {
+        let data = self.batch.column(DATA).as_binary_view();
+        (0..data.len()).find(|&i| {
+            let value = data.value(i);
+            value.len() < end || !value.starts_with(header)
+        })
+    }
+
+    /// When every row is alike ([`Self::first_unlike`] of `header` and
+    /// `start + len`), copy bytes `start..start + len` of every row's
+    /// payload, row after row, into the `capacity` bytes at `address`:
+    /// memory the caller has just allocated for exactly this (a numpy array
+    /// or torch tensor of the batch's field). Returns the first row that is
+    /// not alike instead, having written nothing. One call, one pass of
+    /// checks, then the copy without the GIL.
+    fn gather_into(
+        &self,
+        py: Python<'_>,
+        header: &[u8],
+        start: usize,
+        len: usize,
+        address: usize,
+        capacity: usize,
+    ) -> PyResult<Option<usize>> {
+        let data = self.batch.column(DATA).as_binary_view();
+        let rows = data.len();
+        if address == 0 || len == 0 || len.checked_mul(rows) != Some(capacity) {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "gather_into: {capacity} bytes at {address:#x} are not {rows} rows of {len}"
+            )));
+        }
+        if let Some(row) = self.first_unlike(header, start + len) {
+            return Ok(Some(row));
+        }
+        crate::runtime::detach(py, || {
+            // SAFETY: the caller allocated `capacity` writable bytes at
+            // `address` and holds them alive for this call; every row's
+            // range lies in its payload (checked above).
+            let out = unsafe { std::slice::from_raw_parts_mut(address as *mut u8, capacity) };
+            for (i, dst) in out.chunks_exact_mut(len).enumerate() {
+                dst.copy_from_slice(&data.value(i)[start..start + len]);
+            }
+        })?;
+        Ok(None)
+    }
+
+    /// The rows' payloads as one run through a mapped shard, when they are
+    /// equally far apart in one file read in place (records read in order,
+    /// stored raw): a memoryview over the whole shard, the offset of row 0's
+    /// payload in it, and the distance from one payload to the next. `None`
+    /// otherwise (then a field is copied with [`Self::gather_into`]).
+    fn run<'py>(&self, py: Python<'py>) -> PyResult<Option<(Bound<'py, PyAny>, u64, u64)>> {
+        let data = self.batch.column(DATA).as_binary_view();
+        let views: Vec<ByteView> = data.views().iter().map(|&v| ByteView::from(v)).collect();
+        let Some(first) = views.first() else {
+            return Ok(None);
+        };
+        let stride = views
+            .get(1)
+            .map_or(0, |v| i64::from(v.offset) - i64::from(first.offset));
+        let together = views.iter().enumerate().all(|(i, v)| {
+            v.length > MAX_INLINE_VIEW_LEN
+                && v.buffer_index == first.buffer_index
+                && i64::from(v.offset) == i64::from(first.offset) + stride * i as i64
+        });
+        if !together || stride < 0 || (views.len() > 1 && stride < i64::from(first.length)) {
+            return Ok(None);
+        }
+        let buffer = &data.data_buffers()[first.buffer_index as usize];
+        let Some((file, file_len)) = self.shard_view(py, 0, buffer)? else {
+            return Ok(None);
+        };
+        let last = views.last().expect("non-empty");
+        if u64::from(last.offset) + u64::from(last.length) > file_len {
+            return Ok(None);
+        }
+        Ok(Some((file, u64::from(first.offset), stride as u64)))
     }
 
     /// The batch as an Arrow record batch (`draw`, `row`, `cache_id`,

@@ -1,0 +1,403 @@
+"""Typed records: a payload stored as named, typed arrays behind a small
+header, read back as numpy arrays or torch tensors without ``pickle``.
+
+A source yields ``CacheInput({"image": array, "label": 3}, metadata)``; the
+build stores each record as this header and the fields' bytes (FORMAT.md,
+"Typed records"), all little-endian::
+
+    0..8     magic b"DRTTYPED"
+    8..12    u32 version (1)
+    12..16   u32 header length H (a multiple of 64; the first field starts there)
+    16..18   u16 field count
+    then per field, in the source's order:
+             u8 name length, name (UTF-8); u8 dtype length, dtype (numpy's
+             ``dtype.str``, e.g. "|u1", "<f4"); u8 ndim, ndim x u64 dims;
+             u64 offset (from the record's start, a multiple of 64);
+             u64 byte length
+    zeros up to H, then each field's C-order bytes at its offset
+
+Records of fixed shapes have byte-identical headers, so a batch's field is
+read by checking that header once per row (a ``memcmp``) and copying the
+field's bytes row after row into one array, natively and without the GIL;
+when the rows lie one after another in one shard mapped in place (read in
+order, stored with ``codec="none"``) the array is a read-only view of the
+shard instead, with no copy at all. A record's bytes are checked against
+their CRC-32C when read, like every record; a header that still does not
+parse is a :class:`CorruptCacheError`.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _native
+from .exceptions import CorruptCacheError, InvalidInputError
+
+MAGIC = b"DRTTYPED"
+VERSION = 1
+ALIGN = 64
+_FIXED = struct.Struct("<8sIIH")  # magic, version, header length, field count
+# names a torch batch dict already uses for the rows' identities
+RESERVED = frozenset({"data", "cache_id", "sample_id", "draw", "epoch"})
+
+
+@dataclass(frozen=True)
+class Field:
+    """One typed field of a record: a numpy dtype (bool, integers, floats,
+    complex) and a shape whose dims are ints, or ``None`` where records may
+    differ (``Field("float32", (None, 80))``: any number of 80-wide frames).
+
+    >>> Field("uint8", (3, 64, 64)).shape
+    (3, 64, 64)
+    """
+
+    dtype: Any
+    shape: tuple[int | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        try:
+            dtype = np.dtype(self.dtype)
+        except TypeError as exc:
+            raise InvalidInputError(
+                f"Field dtype {self.dtype!r} is not a numpy dtype: {exc}"
+            ) from None
+        if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
+            raise InvalidInputError(
+                f"Field dtype {dtype} is not a plain number or bool (strings, objects and "
+                f"structured dtypes are stored as metadata columns or bytes)"
+            )
+        shape = tuple(self.shape) if not isinstance(self.shape, int) else (self.shape,)
+        for dim in shape:
+            if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool) or dim < 0):
+                raise InvalidInputError(
+                    f"Field shape {self.shape!r}: each dim is an int >= 0 or None"
+                )
+        if len(shape) > 255:
+            raise InvalidInputError(f"Field shape has {len(shape)} dims; at most 255")
+        # stored little-endian, so every reader (and torch) takes it as is
+        object.__setattr__(self, "dtype", dtype.newbyteorder("<"))
+        object.__setattr__(self, "shape", shape)
+
+    @property
+    def fixed(self) -> bool:
+        """Whether every record's array has this one shape."""
+        return None not in self.shape
+
+
+def infer_fields(values: Mapping[str, Any], where: str) -> dict[str, Field]:
+    """The fields of a source from its first typed record: each value's
+    dtype and shape as found (a Python int is int64, a float float64)."""
+    fields = {}
+    for name, value in values.items():
+        array = np.asarray(value)
+        try:
+            fields[name] = Field(array.dtype, array.shape)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"{where}: field {name!r}: {exc}") from None
+    return fields
+
+
+def check_fields(fields: Any, where: str) -> dict[str, Field]:
+    """A source's declared ``fields``: a mapping of names to :class:`Field`
+    (or ``(dtype, shape)`` pairs), checked."""
+    if not isinstance(fields, Mapping) or not fields:
+        raise InvalidInputError(f"{where}: fields must be a non-empty mapping of name -> Field")
+    checked = {}
+    for name, field in fields.items():
+        check_name(name, where)
+        if not isinstance(field, Field):
+            try:
+                field = Field(*field)
+            except TypeError:
+                raise InvalidInputError(
+                    f"{where}: field {name!r} is {field!r}; expected a Field or (dtype, shape)"
+                ) from None
+        checked[name] = field
+    return checked
+
+
+def check_name(name: Any, where: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise InvalidInputError(f"{where}: field name {name!r} is not a non-empty string")
+    if name in RESERVED:
+        raise InvalidInputError(
+            f"{where}: field name {name!r} is reserved (a torch batch holds the rows' "
+            f"{', '.join(sorted(RESERVED))} under those names)"
+        )
+    if len(name.encode("utf-8", "surrogatepass")) > 255:
+        raise InvalidInputError(f"{where}: field name {name[:40]!r}... is over 255 bytes")
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        raise InvalidInputError(f"{where}: field name {name!r} is not valid text") from None
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def encode(values: Any, fields: Mapping[str, Field], where: str) -> bytes:
+    """One record's bytes: `values` (name -> array or number) checked
+    against `fields` (every name, dtype and shape), behind its header."""
+    if not isinstance(values, Mapping):
+        raise InvalidInputError(f"{where}: data is {type(values).__name__}; this source is typed")
+    if values.keys() != fields.keys():
+        missing, extra = (
+            sorted(fields.keys() - values.keys()),
+            sorted(values.keys() - fields.keys()),
+        )
+        raise InvalidInputError(
+            f"{where}: fields {sorted(values)} do not match the source's {list(fields)}"
+            f" (missing {missing}, unexpected {extra})"
+        )
+    arrays = []
+    for name, field in fields.items():
+        value = values[name]
+        if isinstance(value, (np.ndarray, np.generic)):
+            if value.dtype.newbyteorder("<") != field.dtype:
+                raise InvalidInputError(
+                    f"{where}: field {name!r} has dtype {value.dtype}, declared {field.dtype}"
+                )
+            array = np.asarray(value, dtype=field.dtype)
+        else:
+            try:
+                array = np.asarray(value, dtype=field.dtype)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise InvalidInputError(
+                    f"{where}: field {name!r}: {value!r:.60} is not {field.dtype}: {exc}"
+                ) from None
+        pairs = zip(field.shape, array.shape, strict=False)
+        if len(array.shape) != len(field.shape) or any(
+            want is not None and want != got for want, got in pairs
+        ):
+            raise InvalidInputError(
+                f"{where}: field {name!r} has shape {array.shape}, declared {field.shape}"
+            )
+        arrays.append((name, field.dtype, array))
+    head = bytearray()
+    entries = []
+    for name, dtype, array in arrays:
+        encoded, code = name.encode(), dtype.str.encode()
+        entries.append(
+            struct.pack(
+                f"<B{len(encoded)}sB{len(code)}sB",
+                len(encoded),
+                encoded,
+                len(code),
+                code,
+                array.ndim,
+            )
+            + struct.pack(f"<{array.ndim}Q", *array.shape)
+        )
+    fixed_len = _FIXED.size + sum(len(e) + 16 for e in entries)
+    offset = length = _align(fixed_len)
+    placed = []
+    for (_, _, array), entry in zip(arrays, entries, strict=True):
+        head += entry + struct.pack("<QQ", offset, array.nbytes)
+        placed.append((offset, array))
+        offset = _align(offset + array.nbytes)
+    out = bytearray(offset if placed else length)
+    out[: _FIXED.size] = _FIXED.pack(MAGIC, VERSION, length, len(arrays))
+    out[_FIXED.size : fixed_len] = head
+    for at, array in placed:
+        out[at : at + array.nbytes] = np.ascontiguousarray(array).tobytes()
+    return bytes(out)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a record's fields lie: name -> (dtype, shape, offset, length),
+    and the header's bytes (identical in every record of the same shapes)."""
+
+    fields: dict[str, tuple[Any, tuple[int, ...], int, int]]
+    header: bytes
+
+    @property
+    def end(self) -> int:
+        return max((o + n for _, _, o, n in self.fields.values()), default=len(self.header))
+
+
+def is_typed(payload: Any) -> bool:
+    """Whether `payload` (bytes or a memoryview) is a typed record."""
+    return bytes(payload[:8]) == MAGIC
+
+
+def parse(payload: Any, what: str, length: int | None = None) -> Layout:
+    """The layout of one typed record (`what` names it in errors) from its
+    bytes, or from its first bytes (its header at least) and its `length`."""
+    view = memoryview(payload).cast("B")
+    length_ = len(view) if length is None else length
+    if bytes(view[:8]) != MAGIC:
+        raise InvalidInputError(
+            f"{what} is not a typed record (its cache was built from bytes; read "
+            f"batch.data or batch.views)"
+        )
+
+    def bad(detail: str) -> CorruptCacheError:
+        return CorruptCacheError(f"{what}: damaged typed-record header: {detail}")
+
+    if len(view) < _FIXED.size:
+        raise bad("shorter than its fixed part")
+    _, version, length, count = _FIXED.unpack_from(view)
+    if version != VERSION:
+        raise bad(f"version {version}, this DatasetRT reads {VERSION}")
+    if length > length_ or length % ALIGN:
+        raise bad(f"header length {length} (record is {length_} bytes)")
+    if length > len(view):
+        raise bad(f"header length {length}, {len(view)} bytes given")
+    at, fields = _FIXED.size, {}
+    try:
+        for _ in range(count):
+            (n,) = struct.unpack_from("<B", view, at)
+            name = bytes(view[at + 1 : at + 1 + n]).decode()
+            at += 1 + n
+            (n,) = struct.unpack_from("<B", view, at)
+            dtype = np.dtype(bytes(view[at + 1 : at + 1 + n]).decode())
+            at += 1 + n
+            (ndim,) = struct.unpack_from("<B", view, at)
+            shape = struct.unpack_from(f"<{ndim}Q", view, at + 1)
+            offset, nbytes = struct.unpack_from("<QQ", view, at + 1 + 8 * ndim)
+            at += 1 + 8 * ndim + 16
+            if at > length or offset + nbytes > length_ or offset < length:
+                raise bad(f"field {name!r} lies outside the record")
+            size = dtype.itemsize
+            for dim in shape:
+                size *= dim
+            if size != nbytes:
+                raise bad(f"field {name!r}: {nbytes} bytes for {dtype}{list(shape)}")
+            fields[name] = (dtype, tuple(shape), offset, nbytes)
+    except (struct.error, UnicodeDecodeError, TypeError, ValueError) as exc:
+        raise bad(str(exc)) from None
+    return Layout(fields, bytes(view[:length]))
+
+
+class Reader:
+    """The typed fields of one loader batch (what ``Batch.tensor`` and
+    friends use): `native` is the batch's ``_native.Batch``, or a pickled
+    batch's lists, which answer the same calls; `label` names a row in
+    errors."""
+
+    def __init__(self, native: Any, label: Any):
+        self._native: _native.Batch = native
+        self.label = label
+        self._views: list[memoryview] | None = None
+        self._layout: Layout | None = None
+
+    def views(self) -> list[memoryview]:
+        if self._views is None:
+            self._views = self._native.views()
+        return self._views
+
+    def layout(self, row: int = 0) -> Layout:
+        if row == 0 and self._layout is not None:
+            return self._layout
+        if row >= len(self._native):
+            raise InvalidInputError("an empty batch has no fields")
+        head, size = self._native.payload_head(row, _FIXED.size)
+        if len(head) == _FIXED.size and head[:8] == MAGIC:
+            head, size = self._native.payload_head(row, _FIXED.unpack(head)[2])
+        layout = parse(head, self.label(row), size)
+        if row == 0:
+            self._layout = layout
+        return layout
+
+    def field(self, name: str, row: int = 0) -> tuple[Any, tuple[int, ...], int, int]:
+        layout = self.layout(row)
+        try:
+            return layout.fields[name]
+        except KeyError:
+            raise InvalidInputError(
+                f"{self.label(row)} has no field {name!r} (its fields: {list(layout.fields)})"
+            ) from None
+
+    def alike(self) -> bool:
+        """Whether every row has row 0's header (and so its shapes)."""
+        layout = self.layout()
+        return self._native.first_unlike(layout.header, layout.end) is None
+
+    def arrays(self, name: str) -> list[np.ndarray]:
+        """One read-only array per row, over its payload (no copy)."""
+        out = []
+        for row, view in enumerate(self.views()):
+            dtype, shape, offset, nbytes = self.field(name, row)
+            count = nbytes // dtype.itemsize
+            out.append(np.frombuffer(view, dtype, count, offset).reshape(shape))
+        return out
+
+    def tensor(self, name: str, *, copy: bool = False) -> np.ndarray:
+        """The field of every row as one array (rows first): a read-only
+        view of the shard when the rows lie one after another in it and
+        `copy` is false, else one copy into a new array."""
+        dtype, shape, offset, nbytes = self.field(name)
+        rows = len(self._native)
+        if not copy and self.alike():
+            run = self._native.run()
+            if run is not None:
+                shard, first, stride = run
+                strides = (stride, *np.empty(shape, dtype=dtype).strides)
+                return np.ndarray(
+                    (rows, *shape), dtype, buffer=shard, offset=first + offset, strides=strides
+                )
+        out = np.empty((rows, *shape), dtype=dtype)
+        if self._gather(offset, nbytes, out.ctypes.data, out.nbytes):
+            return out
+        return self._stack(name)
+
+    def torch(self, name: str, *, pin_memory: bool = False) -> Any:
+        """The field as one writable torch tensor (rows first), copied once
+        into memory torch allocates (page-locked with `pin_memory`)."""
+        import torch
+
+        dtype, shape, offset, nbytes = self.field(name)
+        rows = len(self._native)
+        out = torch.empty((rows, *shape), dtype=_torch_dtype(dtype, name), pin_memory=pin_memory)
+        if self._gather(offset, nbytes, out.data_ptr(), rows * nbytes):
+            return out
+        stacked = torch.from_numpy(self._stack(name))
+        return stacked.pin_memory() if pin_memory else stacked
+
+    def _gather(self, offset: int, nbytes: int, address: int, capacity: int) -> bool:
+        """Copy the field of every row to `address`, if every row is alike."""
+        if capacity == 0:  # nothing to copy; alike or not decides the shape
+            return self.alike()
+        header = self.layout().header
+        return self._native.gather_into(header, offset, nbytes, address, capacity) is None
+
+    def _stack(self, name: str) -> np.ndarray:
+        arrays = self.arrays(name)
+        shapes = {a.shape for a in arrays}
+        if len(shapes) > 1:
+            raise InvalidInputError(
+                f"field {name!r} has {len(shapes)} shapes in this batch "
+                f"({', '.join(map(str, sorted(shapes)[:4]))}...); read it row by row with "
+                f"batch.arrays({name!r})"
+            )
+        return np.stack(arrays)
+
+
+@functools.cache
+def _torch_dtypes() -> dict[Any, Any]:
+    import torch
+
+    kinds = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32"]
+    kinds += ["float64", "complex64", "complex128", "uint16", "uint32", "uint64"]
+    out = {}
+    for kind in kinds:
+        try:
+            out[np.dtype(kind).newbyteorder("<")] = torch.from_numpy(np.empty(0, kind)).dtype
+        except TypeError:  # an older torch without unsigned 16-64
+            pass
+    return out
+
+
+def _torch_dtype(dtype: Any, name: str) -> Any:
+    try:
+        return _torch_dtypes()[dtype]
+    except KeyError:
+        raise InvalidInputError(f"field {name!r}: torch has no dtype {dtype}") from None

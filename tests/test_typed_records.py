@@ -1,0 +1,236 @@
+"""Typed records: a source yields a dict of arrays, the cache stores them
+behind a small typed header, and a batch hands them back as numpy arrays and
+torch tensors with no pickle (``datasetrt.records``, FORMAT.md)."""
+
+from __future__ import annotations
+
+import pickle
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+import datasetrt as drt
+from datasetrt import CorruptCacheError, InvalidInputError, records
+
+
+def image(i: int) -> np.ndarray:
+    return (np.arange(3 * 8 * 8, dtype=np.uint8).reshape(3, 8, 8) + i).astype(np.uint8)
+
+
+class Images:
+    def __init__(self, n: int = 40, name: str = "images", fields=None):
+        self.n, self.name = n, name
+        if fields is not None:
+            self.fields = fields
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield drt.CacheInput({"image": image(i), "label": i, "w": np.float32(i / 2)}, {"i": i})
+
+
+def build(tmp_path, *sources, codec=None):
+    return drt.build(tmp_path / "root", list(sources), progress=False, codec=codec)
+
+
+def expected(sample_ids):
+    return np.stack([image(int(s)) for s in sample_ids])
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_a_batch_of_fixed_shapes_is_one_array_per_field(tmp_path, codec):
+    ds = build(tmp_path, Images(), codec=codec)
+    seen = set()
+    for batch in ds.loader(16, seed=3, sampling="permutation"):
+        ids = batch.sample_id
+        assert batch.typed
+        assert batch.fields == {
+            "image": (np.dtype(np.uint8), (3, 8, 8)),
+            "label": (np.dtype(np.int64), ()),
+            "w": (np.dtype(np.float32), ()),
+        }
+        images = batch.tensor("image")
+        assert images.shape == (len(ids), 3, 8, 8) and images.dtype == np.uint8
+        np.testing.assert_array_equal(images, expected(ids))
+        np.testing.assert_array_equal(batch.tensor("label"), ids)
+        np.testing.assert_array_equal(batch.tensor("w"), np.float32(ids) / 2)
+        # a copy is the caller's to change
+        images += 1
+        np.testing.assert_array_equal(batch.tensor("image"), expected(ids))
+        seen.update(ids)
+    assert seen == set(range(40))
+
+
+def test_torch_tensors_and_the_default_torch_batch(tmp_path):
+    torch = pytest.importorskip("torch")
+    ds = build(tmp_path, Images())
+    batch = next(iter(ds.loader(8, seed=1)))
+    t = batch.torch("image")
+    assert t.dtype == torch.uint8 and tuple(t.shape) == (8, 3, 8, 8)
+    np.testing.assert_array_equal(t.numpy(), expected(batch.sample_id))
+    t.add_(1)  # writable, and not the cache's bytes
+    np.testing.assert_array_equal(batch.torch("image").numpy(), expected(batch.sample_id))
+    assert batch.torch("w").dtype == torch.float32
+
+    loader = torch.utils.data.DataLoader(ds.to_torch(8, seed=1), batch_size=None)
+    first = next(iter(loader))
+    assert set(first) >= {"image", "label", "w", "cache_id", "sample_id", "draw", "epoch"}
+    assert "data" not in first
+    np.testing.assert_array_equal(first["label"].numpy(), first["sample_id"].numpy())
+    np.testing.assert_array_equal(first["image"].numpy(), expected(first["sample_id"].tolist()))
+
+
+def test_rows_read_in_place_are_a_view_of_the_shard_not_a_copy(tmp_path):
+    ds = build(tmp_path, Images(n=4), codec="none")
+    # batch_size=1: one record is always one run through its shard
+    batch = next(iter(ds.loader(1, seed=0)))
+    view = batch.tensor("image")
+    assert not view.flags.writeable and not view.flags.owndata
+    np.testing.assert_array_equal(view, expected(batch.sample_id))
+    copied = batch.tensor("image", copy=True)
+    assert copied.flags.writeable and copied.flags.owndata
+    # two rows that follow each other in the shard: find a seed whose first
+    # batch holds them in order (a pure function of the seed, so fixed)
+    for seed in range(64):
+        batch = next(iter(ds.loader(2, seed=seed, sampling="permutation")))
+        ids = batch.sample_id
+        if ids[1] == ids[0] + 1:
+            break
+    else:
+        pytest.fail("no seed of 64 drew two consecutive rows first")
+    view = batch.tensor("image")
+    assert not view.flags.owndata
+    np.testing.assert_array_equal(view, expected(ids))
+    with pytest.raises(ValueError, match="read-only"):
+        view[0, 0, 0, 0] = 1
+
+
+def test_variable_shapes_are_declared_and_read_row_by_row(tmp_path):
+    class Frames:
+        name = "frames"
+        fields: ClassVar = {"audio": drt.Field("float32", (None, 4)), "id": ("int32", ())}
+
+        def __iter__(self):
+            for i in range(6):
+                yield {"audio": np.full((i + 1, 4), i, np.float32), "id": i}, None
+
+    ds = build(tmp_path, Frames())
+    batch = next(iter(ds.loader(6, seed=0, sampling="permutation")))
+    arrays = batch.arrays("audio")
+    for row, sample in enumerate(batch.sample_id):
+        assert arrays[row].shape == (sample + 1, 4)
+        assert (arrays[row] == sample).all()
+    np.testing.assert_array_equal(batch.tensor("id"), batch.sample_id)
+    assert batch.tensor("id").dtype == np.int32
+    with pytest.raises(InvalidInputError, match=r"batch\.arrays\('audio'\)"):
+        batch.tensor("audio")
+    # one sample alone stacks
+    single = next(iter(ds.loader(1, seed=0)))
+    assert single.tensor("audio").shape == (1, single.sample_id[0] + 1, 4)
+    # and get_item / iter give the fields of one record
+    sample = ds.get_item(batch.cache_id[0], batch.sample_id[0])
+    np.testing.assert_array_equal(sample.fields()["audio"], arrays[0])
+
+
+@pytest.mark.parametrize(
+    ("records_", "fields", "match"),
+    [
+        (
+            [{"x": np.zeros(3, np.uint8)}, {"x": np.zeros(4, np.uint8)}],
+            None,
+            r"record 1.*shape \(4,\)",
+        ),
+        ([{"x": np.zeros(3, np.uint8)}, {"x": np.zeros(3, np.int8)}], None, "record 1.*dtype int8"),
+        ([{"x": 1}, {"y": 1}], None, r"record 1.*missing \['x'\]"),
+        ([{"x": 1}, b"raw"], None, "record 1: data is bytes; this source is typed"),
+        ([{"x": 1}], {"x": drt.Field("uint8")}, None),
+        ([{"x": 300}], {"x": drt.Field("uint8")}, "record 0.*'x'.*uint8"),
+        ([{"x": np.zeros((2, 5))}], {"x": drt.Field("float64", (None, 4))}, r"shape \(2, 5\)"),
+        ([{"x": "text"}], None, "field 'x'.*not a plain number"),
+        ([{"data": 1}], None, "'data' is reserved"),
+        ([b"raw", {"x": 1}], None, "record 1: data is dict"),
+    ],
+)
+def test_a_record_unlike_its_fields_is_refused_naming_source_and_record(
+    tmp_path, records_, fields, match
+):
+    class Source:
+        name = "bad"
+
+        def __iter__(self):
+            return iter([(r, None) for r in records_])
+
+    source = Source()
+    if fields is not None:
+        source.fields = fields
+    if match is None:
+        build(tmp_path, source)
+        return
+    with pytest.raises(InvalidInputError, match=f"source 'bad'.*{match}"):
+        build(tmp_path, source)
+    assert not (tmp_path / "root" / "bad").exists()
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({}, "non-empty mapping"),
+        ({"x": ("uint8", (-1,))}, "each dim is an int >= 0 or None"),
+        ({"x": ("float32", (2,), "extra", "more")}, "expected a Field"),
+        ({"x": ("U4",)}, "not a plain number"),
+        ({"x": (object,)}, "not a plain number"),
+        ({"x": ("no such dtype",)}, "not a numpy dtype"),
+    ],
+)
+def test_bad_declared_fields_are_refused_before_any_record_is_read(tmp_path, fields, match):
+    class Source:
+        name = "bad"
+
+        def __iter__(self):
+            raise AssertionError("read")
+
+    with pytest.raises(InvalidInputError, match=match):
+        source = Source()
+        source.fields = fields
+        build(tmp_path, source)
+
+
+def test_bytes_caches_are_not_typed_and_damaged_headers_are_corrupt(tmp_path):
+    class Raw:
+        name = "raw"
+
+        def __iter__(self):
+            for i in range(4):
+                yield pickle.dumps(i), None
+
+    ds = build(tmp_path, Raw())
+    batch = next(iter(ds.loader(4, seed=0)))
+    assert not batch.typed
+    with pytest.raises(InvalidInputError, match=r"not a typed record.*batch\.data"):
+        batch.tensor("x")
+    good = records.encode({"x": np.arange(4)}, {"x": drt.Field("int64", (4,))}, "t")
+    layout = records.parse(good, "t")
+    assert layout.fields["x"][2] % records.ALIGN == 0
+    for damaged in [
+        good[:12],
+        good[:8] + (2).to_bytes(4, "little") + good[12:],
+        good[:16] + (9).to_bytes(2, "little") + good[18:],
+        good[: layout.fields["x"][2]],
+    ]:
+        with pytest.raises(CorruptCacheError, match="t: damaged typed-record header"):
+            records.parse(damaged, "t")
+
+
+def test_a_pickled_batch_keeps_its_typed_fields(tmp_path):
+    ds = build(tmp_path, Images(n=8))
+    batch = next(iter(ds.loader(8, seed=2)))
+    again = pickle.loads(pickle.dumps(batch))
+    np.testing.assert_array_equal(again.tensor("image"), batch.tensor("image"))
+    np.testing.assert_array_equal(again.tensor("label"), batch.sample_id)
+
+
+def test_a_typed_sample_shows_its_fields_in_a_notebook(tmp_path):
+    ds = build(tmp_path, Images(n=3))
+    html = ds.get_item(ds.get_metadata()["cache_id"][0], 2)._repr_html_()
+    assert "image: uint8[3, 8, 8] [2, 3, 4, 5, 6, 7 …]" in html
+    assert "label: int64[] [2]" in html

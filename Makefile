@@ -121,3 +121,4 @@ bench: release $(S3S_FS)
 	$(PY) tests/bench/bench_cold.py
 	$(PY) tests/bench/bench_mixture.py
 	$(PY) tests/bench/bench_imports.py
+	$(PY) tests/bench/bench_typed.py

@@ -1,0 +1,111 @@
+"""Typed records against memcpy and against pickle, in the same run.
+
+A batch of 64 fixed-shape ``uint8[3, 64, 64]`` records (768 KiB) is turned
+into one torch tensor three ways, alternating, many times each:
+
+- ``memcpy``: the same bytes, already contiguous, copied into a new tensor
+  (``torch.empty`` + ``copy_``): the floor for any path that hands over a
+  writable batch tensor;
+- ``typed``: ``batch.torch("image")`` on a loader batch of a typed cache (the
+  header of every row checked, then its field copied natively into a new
+  tensor);
+- ``pickle``: the same records pickled (the way examples stored them
+  before), ``pickle.loads`` + ``torch.from_numpy`` per record and
+  ``torch.stack``.
+
+The targets (issue 38 §1): typed at least 0.9x memcpy's bandwidth and at
+least 5x pickle's. Run by hand: ``python tests/bench/bench_typed.py``
+(``make bench`` runs it, against the release extension). The batches come
+from the loader before the clock starts: this measures the hand-over, not
+the read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+import datasetrt as drt
+
+
+def best_of(fn, repeat: int) -> list[float]:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def main() -> None:
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=2000)
+    parser.add_argument("--codec", default="zstd")
+    args = parser.parse_args()
+    shape = (3, 64, 64)
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(args.batch * 4)]
+
+    class Typed:
+        name = "typed"
+
+        def __iter__(self):
+            for i, im in enumerate(images):
+                yield {"image": im, "label": i}, None
+
+    class Pickled:
+        name = "pickled"
+
+        def __iter__(self):
+            for i, im in enumerate(images):
+                yield pickle.dumps({"image": im, "label": i}), None
+
+    with tempfile.TemporaryDirectory() as tmp:
+        typed = drt.build(tmp, [Typed()], progress=False, codec=args.codec)
+        pickled = drt.build(tmp + "/p", [Pickled()], progress=False, codec=args.codec)
+        tbatch = next(iter(typed.loader(args.batch, seed=0)))
+        pbatch = next(iter(pickled.loader(args.batch, seed=0)))
+        payloads = pbatch.data
+        source = torch.from_numpy(np.stack([images[s] for s in tbatch.sample_id]))
+        assert torch.equal(tbatch.torch("image"), source)
+        nbytes = source.numel()
+
+        def memcpy() -> None:
+            torch.empty_like(source).copy_(source)
+
+        def typed_path() -> None:
+            tbatch._records = None  # as for a new batch: its header parsed again
+            tbatch.torch("image")
+
+        def pickle_path() -> None:
+            torch.stack([torch.from_numpy(pickle.loads(p)["image"]) for p in payloads])
+
+        rounds: dict[str, list[float]] = {"memcpy": [], "typed": [], "pickle": []}
+        for _ in range(5):  # alternate, so drift hits all three alike
+            rounds["memcpy"] += best_of(memcpy, args.repeat)
+            rounds["typed"] += best_of(typed_path, args.repeat)
+            rounds["pickle"] += best_of(pickle_path, max(1, args.repeat // 10))
+    med = {k: statistics.median(v) for k, v in rounds.items()}
+    low = {k: min(v) for k, v in rounds.items()}
+    print(
+        f"batch of {args.batch} x uint8{list(shape)} = {nbytes / 2**10:.0f} KiB, codec {args.codec}"
+    )
+    for k in rounds:
+        print(
+            f"  {k:7s} median {med[k] * 1e6:8.1f} us  best {low[k] * 1e6:8.1f} us  "
+            f"{nbytes / med[k] / 2**30:6.2f} GiB/s"
+        )
+    print(f"typed / memcpy bandwidth: {med['memcpy'] / med['typed']:.2f}x (target >= 0.9)")
+    print(f"typed / pickle speed:     {med['pickle'] / med['typed']:.1f}x (target >= 5)")
+
+
+if __name__ == "__main__":
+    main()

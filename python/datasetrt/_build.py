@@ -5,7 +5,9 @@ from __future__ import annotations
 import numbers
 import os
 import pickle
-from collections.abc import Iterable, Mapping, Sequence
+import queue
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -194,7 +196,7 @@ def write_table_source(
     with _writing(writer, name, total, progress) as bar:
         metas: list[pl.DataFrame] = []
         rows = 0
-        for i, table in enumerate(source.tables()):
+        for i, table in enumerate(_read_ahead(source.tables(), name)):
             frame = table if isinstance(table, pl.DataFrame) else pl.DataFrame(table)
             if frame.height == 0:
                 continue  # an empty batch adds nothing (its columns may be all Null)
@@ -214,6 +216,48 @@ def write_table_source(
             bar.update(frame.height)
         frame = pl.concat(metas, how="vertical", rechunk=False) if metas else pl.DataFrame()
         return _publish(writer, name, rows, frame if frame.width else pl.DataFrame())
+
+
+def _read_ahead(tables: Iterable[Any], name: str) -> Iterator[Any]:
+    """`tables`, read one table ahead on a thread of its own: the source
+    reads (polars, a tar, a shard) while the engine writes the table before
+    (it releases the GIL), so a build takes about the longer of the two, not
+    their sum. An error of the source is raised here, in order; stopping
+    early stops the thread."""
+    ready: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def put(item: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            for table in tables:
+                if not put(("table", table)):
+                    return
+            put(("end", None))
+        except BaseException as exc:  # handed to the reader, raised there
+            put(("error", exc))
+
+    thread = threading.Thread(target=read, name=f"datasetrt-read-{name}", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, item = ready.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
 
 
 @contextmanager

@@ -45,6 +45,31 @@ fn is_cache_dir(path: std::path::PathBuf) -> bool {
     datasetrt::store::Cache::is_cache_dir(&path)
 }
 
+/// `data` decompressed with the engine's codec `codec` ("zstd", "lz4",
+/// "none") into exactly `raw_len` bytes, without the GIL: for sources whose
+/// files are compressed (MDS shards), so no Python package is needed for it.
+/// Data that is not `raw_len` bytes of that codec is `InvalidInputError`.
+#[pyfunction]
+fn decompress<'py>(
+    py: Python<'py>,
+    codec: &str,
+    data: &[u8],
+    raw_len: usize,
+) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+    let codec = datasetrt::store::Codec::parse(codec).py()?;
+    let mut failed = None;
+    let out = pyo3::types::PyBytes::new_with(py, raw_len, |buf| {
+        failed = py
+            .detach(|| datasetrt::store::codec::decode_into(codec, data, buf))
+            .err();
+        Ok(())
+    })?;
+    match failed {
+        None => Ok(out),
+        Some(why) => Err(error::invalid(format!("cannot decompress: {why}"))),
+    }
+}
+
 /// Build the partitions a first snapshot will link for the cache at
 /// `cache_dir`, if it is a group of its own (see the engine's
 /// `catalog::prepare_partitions`); whether it is.
@@ -82,6 +107,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_column_name, m)?)?;
     m.add_function(wrap_pyfunction!(is_cache_dir, m)?)?;
     m.add_function(wrap_pyfunction!(prepare_partitions, m)?)?;
+    m.add_function(wrap_pyfunction!(decompress, m)?)?;
     m.add_function(wrap_pyfunction!(spec::_loader_spec, m)?)?;
     m.add_function(wrap_pyfunction!(writer::_writer_spec, m)?)?;
     m.add_function(wrap_pyfunction!(scores::read_score_run, m)?)?;

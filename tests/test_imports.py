@@ -6,9 +6,12 @@ metadata, and the name decides reuse as for any source."""
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import json
 import os
 import pickle
+import shutil
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -191,6 +194,104 @@ def test_a_bad_webdataset_shard_names_the_sample(tmp_path):
         drt.sources.WebDataset(tmp_path / "none.tar", name="w4", data="jpg")
     for name in ("c1", "c2", "c3"):
         assert not (tmp_path / name).exists() or list((tmp_path / name).iterdir()) == []
+
+
+MDS_FIXTURES = Path(__file__).parent / "data" / "mds"
+
+
+def mds_fixture():
+    """tests/data/mds/make_fixtures.py: the records its fixtures hold (the
+    fixtures themselves were written by mosaicml-streaming's MDSWriter)."""
+    spec = importlib.util.spec_from_file_location("mds_fixtures", MDS_FIXTURES / "make_fixtures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("layout", ["plain", "zstd", "gz"])
+def test_mds_shards_become_a_cache_one_record_per_sample(tmp_path, layout):
+    """Four shards MDSWriter wrote (raw, zstd- or gzip-compressed): every
+    sample arrives once, with its columns typed as MDS declared them and
+    its place in the dataset (`shard`, `index`)."""
+    fixture = mds_fixture()
+    src = drt.sources.MDS(MDS_FIXTURES / layout, name="mds-v1", data="data")
+    assert len(src) == fixture.COUNT
+    ds = drt.build(tmp_path / "cache", [src], progress=False)
+    meta = ds.get_metadata().sort("index")
+    expected = [fixture.record(i) for i in range(fixture.COUNT)]
+    assert meta["index"].to_list() == meta["sample_id"].to_list() == list(range(fixture.COUNT))
+    assert meta["label"].to_list() == [r["label"] for r in expected]
+    assert meta["caption"].to_list() == [r["caption"] for r in expected]
+    assert meta["count"].to_list() == [r["count"] for r in expected]
+    assert meta["score"].to_list() == [r["score"] for r in expected]
+    assert [json.loads(m) for m in meta["meta"]] == [r["meta"] for r in expected]
+    shards = json.loads((MDS_FIXTURES / layout / "index.json").read_text())["shards"]
+    assert meta["shard"].to_list() == [n for n, s in enumerate(shards) for _ in range(s["samples"])]
+    assert payloads(ds) == {i: r["data"] for i, r in enumerate(expected)}
+    # the same shards under the same name: the same cache, not built again
+    again = drt.build(tmp_path / "cache", [src], progress=False)
+    assert again.caches == ds.caches
+    # only some columns
+    some = drt.sources.MDS(MDS_FIXTURES / layout, name="some", data="data", columns=["label"])
+    picked = drt.build(tmp_path / "some", [some], progress=False).get_metadata()
+    assert {"label", "shard", "index"} <= set(picked.columns)
+    assert "caption" not in picked.columns
+
+
+def copy_mds(tmp_path, layout="plain"):
+    out = tmp_path / f"mds-{layout}"
+    shutil.copytree(MDS_FIXTURES / layout, out)
+    return out, json.loads((out / "index.json").read_text())
+
+
+def test_a_bad_mds_dataset_names_the_file_and_leaves_nothing(tmp_path):
+    with pytest.raises(InvalidInputError, match=r"is not an MDS dataset: it has no index\.json"):
+        drt.sources.MDS(tmp_path, name="m", data="data")
+    with pytest.raises(InvalidInputError, match=r"has no column 'pixels'"):
+        drt.sources.MDS(MDS_FIXTURES / "plain", name="m", data="pixels")
+    with pytest.raises(InvalidInputError, match=r"no columns \['nope'\]"):
+        drt.sources.MDS(MDS_FIXTURES / "plain", name="m", data="data", columns=["nope"])
+
+    def refused(directory, match, name):
+        src = drt.sources.MDS(directory, name=name, data="data")
+        with pytest.raises(InvalidInputError, match=match):
+            drt.build(tmp_path / name, [src], progress=False)
+        assert not (tmp_path / name).exists() or list((tmp_path / name).iterdir()) == []
+
+    # a raw shard cut short, or with a sample's sizes overwritten
+    cut, index = copy_mds(tmp_path)
+    shard = cut / index["shards"][1]["raw_data"]["basename"]
+    shard.write_bytes(shard.read_bytes()[:-5])
+    refused(cut, r"shard\.00001\.mds' is damaged: its offsets do not span it", "c1")
+    shard.write_bytes((MDS_FIXTURES / "plain" / shard.name).read_bytes())
+    body = bytearray(shard.read_bytes())
+    first = int.from_bytes(body[4:8], "little")
+    body[first : first + 4] = (1 << 20).to_bytes(4, "little")
+    shard.write_bytes(bytes(body))
+    refused(cut, r"is damaged: sample 0's column sizes disagree", "c2")
+    # a compressed shard damaged, or in a compression this source lacks
+    packed, index = copy_mds(tmp_path, "zstd")
+    zipped = packed / index["shards"][2]["zip_data"]["basename"]
+    zipped.write_bytes(zipped.read_bytes()[:-9])
+    refused(packed, r"shard\.00002\.mds\.zstd' is damaged: .*decompress", "c3")
+    index["shards"][0]["compression"] = "br:5"
+    (packed / "index.json").write_text(json.dumps(index))
+    refused(packed, r"compressed with 'br'; this source reads zstd, gz and bz2", "c4")
+    # a text column that is not UTF-8
+    text, index = copy_mds(tmp_path, "gz")
+    index["shards"][3]["column_encodings"][5] = "str"  # 'score': float32 bytes, as text
+    (text / "index.json").write_text(json.dumps(index))
+    refused(text, r"sample \d+'s column 'score' \(str\) is not UTF-8", "c5")
+    index["version"] = 3
+    (text / "index.json").write_text(json.dumps(index))
+    with pytest.raises(InvalidInputError, match="index version 3; this source reads version 2"):
+        drt.sources.MDS(text, name="c6", data="data")
+    # columns of its own name
+    (text / "index.json").write_text(
+        (MDS_FIXTURES / "gz" / "index.json").read_text().replace('"label"', '"index"')
+    )
+    with pytest.raises(InvalidInputError, match=r"columns \['index'\] would hide"):
+        drt.sources.MDS(text, name="c7", data="data")
 
 
 def test_a_hugging_face_dataset_on_disk_becomes_a_cache(tmp_path):

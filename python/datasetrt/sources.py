@@ -9,8 +9,9 @@ bytes). ``build`` takes one like any source: its name decides reuse,
 so the same files under the same name give the same cache, built once.
 
 Here: :class:`Parquet` (files), :class:`WebDataset` (tar shards),
-:class:`HuggingFace` (a ``datasets`` dataset's Arrow files), :class:`Lance`
-(a dataset at one version).
+:class:`MDS` (MosaicML Streaming shards), :class:`HuggingFace` (a
+``datasets`` dataset's Arrow files), :class:`Lance` (a dataset at one
+version).
 
 >>> src = drt.sources.Parquet("shards/*.parquet", name="img-v1")  # doctest: +SKIP
 >>> ds = drt.build("cache", [src])                               # doctest: +SKIP
@@ -19,14 +20,18 @@ Here: :class:`Parquet` (files), :class:`WebDataset` (tar shards),
 from __future__ import annotations
 
 import glob
+import importlib
+import json
 import os
 import posixpath
 import tarfile
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
+import numpy as np
 import polars as pl
 
+from . import _native
 from ._state import check_int, check_text
 from .exceptions import InvalidInputError
 
@@ -371,8 +376,6 @@ class HuggingFace:
 
 def _saved_files(directory: str, source: str) -> list[str]:
     """The Arrow files of a ``save_to_disk`` directory, in order."""
-    import json
-
     state = os.path.join(directory, "state.json")
     try:
         with open(state, encoding="utf-8") as f:
@@ -390,6 +393,258 @@ def _saved_files(directory: str, source: str) -> list[str]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InvalidInputError(f"source {source!r}: unreadable {state!r}: {exc}") from None
     return [os.path.join(directory, n) for n in names]
+
+
+#: MDS column encodings stored as a fixed-width little-endian number.
+_MDS_NUMBERS = {
+    **{k: k for k in ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64")},
+    **{k: k for k in ("float16", "float32", "float64")},
+    "int": "int64",
+}
+#: MDS column encodings stored as UTF-8 text, and the column type their text becomes.
+_MDS_TEXT = {"str": pl.String, "json": pl.String, "str_decimal": pl.String}
+_MDS_PARSED = {"str_int": pl.Int64, "str_float": pl.Float64}
+#: Shard compressions: the engine's codec, or the standard library's module.
+_MDS_CODECS = {"zstd": "zstd", "gz": "gzip", "bz2": "bz2"}
+
+
+class MDS:
+    """MosaicML Streaming (MDS) shards as one source: a directory with the
+    ``index.json`` that ``MDSWriter`` wrote (or a ``merge_index`` of several),
+    read shard by shard in the index's order.
+
+    Column ``data`` is the payload, as the shards store it (a ``bytes``,
+    ``jpeg`` or ``png`` column holds whole files; ``pkl`` a pickle). The
+    other columns (or only ``columns``) become metadata: numbers (``int``,
+    ``uint8`` ... ``float64``) as numbers, ``str``/``json``/``str_decimal``
+    as text, ``str_int``/``str_float`` parsed, any other encoding as its
+    stored bytes. Columns ``shard`` (the shard's place in the index) and
+    ``index`` (the sample's index in the whole dataset, as
+    ``StreamingDataset`` numbers it) say where a record came from.
+
+    A shard is read from its raw file when present, else from its
+    compressed one (``zstd`` by the engine, ``gz``, ``bz2``), in pieces of
+    about :data:`BATCH_BYTES`. A missing or damaged index or shard, a shard
+    whose samples disagree with the index, or a text column that is not
+    UTF-8 is :class:`InvalidInputError` naming the file (and sample).
+    """
+
+    def __init__(
+        self,
+        directory: PathLike,
+        *,
+        name: str,
+        data: str,
+        columns: Sequence[str] | None = None,
+    ):
+        self.name = name
+        self.directory = check_text(os.fspath(directory), "an MDS directory")
+        self.data_column = check_text(data, "data")
+        self.columns = None if columns is None else [check_text(c, "a column") for c in columns]
+        index = os.path.join(self.directory, "index.json")
+        try:
+            with open(index, encoding="utf-8") as f:
+                self.shards = _mds_shards(json.load(f))
+        except FileNotFoundError:
+            raise InvalidInputError(
+                f"source {name!r}: {self.directory!r} is not an MDS dataset: it has no index.json"
+            ) from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InvalidInputError(f"source {name!r}: unreadable {index!r}: {exc}") from None
+        for number, shard in enumerate(self.shards):
+            names = shard["column_names"]
+            if self.data_column not in names:
+                raise InvalidInputError(
+                    f"source {name!r}: shard {number} of {index!r} has no column "
+                    f"{self.data_column!r} ({names})"
+                )
+            missing = sorted(set(self.columns or ()) - set(names))
+            clash = {"shard", "index"} & set(self.columns if self.columns is not None else names)
+            if missing or clash:
+                raise InvalidInputError(
+                    f"source {name!r}: shard {number} of {index!r}: "
+                    + (f"no columns {missing}" if missing else "")
+                    + (" and " if missing and clash else "")
+                    + (
+                        f"columns {sorted(clash)} would hide the source's own 'shard' and "
+                        f"'index' columns: pass columns= without them"
+                        if clash
+                        else ""
+                    )
+                )
+
+    def __repr__(self) -> str:
+        return f"MDS({self.name!r}, {len(self.shards)} shards)"
+
+    def __len__(self) -> int:
+        """Samples of all the shards (from the index)."""
+        return sum(shard["samples"] for shard in self.shards)
+
+    def tables(self) -> Iterator[pl.DataFrame]:
+        """The shards' samples, in order, about :data:`BATCH_BYTES` at a time."""
+        first = 0
+        for number, shard in enumerate(self.shards):
+            path, raw = self._read(shard)
+            yield from _MdsShard(self, number, path, raw, shard).frames(first)
+            first += shard["samples"]
+
+    def _read(self, shard: dict) -> tuple[str, bytes]:
+        """A shard's raw bytes, and the file they came from."""
+        raw, zipped = shard["raw_data"], shard.get("zip_data")
+        path = os.path.join(self.directory, raw["basename"])
+        try:
+            if os.path.isfile(path) or not zipped:
+                with open(path, "rb") as f:
+                    return path, f.read()
+            path = os.path.join(self.directory, zipped["basename"])
+            with open(path, "rb") as f:
+                packed = f.read()
+        except OSError as exc:
+            raise InvalidInputError(f"source {self.name!r}: cannot read MDS shard: {exc}") from None
+        algorithm = (shard.get("compression") or "").partition(":")[0]
+        codec = _MDS_CODECS.get(algorithm)
+        try:
+            if codec == "zstd":
+                return path, _native.decompress("zstd", packed, raw["bytes"])
+            if codec is not None:
+                return path, importlib.import_module(codec).decompress(packed)
+        except (InvalidInputError, OSError, EOFError, ValueError) as exc:
+            raise InvalidInputError(
+                f"source {self.name!r}: MDS shard {path!r} is damaged: {exc}"
+            ) from None
+        raise InvalidInputError(
+            f"source {self.name!r}: MDS shard {path!r} is compressed with {algorithm!r}; "
+            f"this source reads zstd, gz and bz2 (or the raw shard beside it: "
+            f"{raw['basename']!r})"
+        )
+
+
+def _mds_shards(index: Any) -> list[dict]:
+    """The shards of an MDS ``index.json``, checked for what reading needs."""
+    if index.get("version") != 2:
+        raise ValueError(f"index version {index.get('version')!r}; this source reads version 2")
+    shards = index["shards"]
+    for shard in shards:
+        if shard.get("format") != "mds":
+            raise ValueError(f"a shard of format {shard.get('format')!r}; this source reads mds")
+        names, encodings, sizes = (
+            shard["column_names"],
+            shard["column_encodings"],
+            shard["column_sizes"],
+        )
+        if not (len(names) == len(encodings) == len(sizes)) or not isinstance(
+            shard["samples"], int
+        ):
+            raise ValueError("a shard's columns or sample count are malformed")
+        if not isinstance(shard["raw_data"]["basename"], str):
+            raise ValueError("a shard without a file name")
+    return shards
+
+
+class _MdsShard:
+    """One MDS shard's samples as frames. The layout (MDS version 2): the
+    sample count (u32), count + 1 offsets (u32, from the shard's start), the
+    writer's settings (JSON), then each sample: the sizes (u32) of its
+    variable-size columns, then its columns' bytes in order."""
+
+    def __init__(self, source: MDS, number: int, path: str, raw: bytes, shard: dict):
+        self.source, self.number, self.path, self.raw = source, number, path, raw
+        self.names, self.encodings = shard["column_names"], shard["column_encodings"]
+        sizes = shard["column_sizes"]
+        data = np.frombuffer(raw, np.uint8)
+        count = shard["samples"]
+        if len(raw) < 4 or int.from_bytes(raw[:4], "little") != count:
+            self.fail(f"it does not start with the index's sample count {count}")
+        if len(raw) < 4 * (count + 2):
+            self.fail(f"it is too short for {count} samples' offsets")
+        offsets = np.frombuffer(raw, "<u4", count=count + 1, offset=4).astype(np.int64)
+        if offsets[0] < 4 * (count + 2) or offsets[-1] != len(raw) or (np.diff(offsets) < 0).any():
+            self.fail("its offsets do not span it in order")
+        variable = [c for c, size in enumerate(sizes) if size is None]
+        widths = np.empty((count, len(sizes)), np.int64)
+        for j, c in enumerate(variable):
+            at = np.minimum(offsets[:-1] + 4 * j, len(raw) - 4)  # checked below
+            widths[:, c] = _u32_at(data, at)
+        for c, size in enumerate(sizes):
+            if size is not None:
+                widths[:, c] = size
+        self.ends = offsets[:-1, None] + 4 * len(variable) + np.cumsum(widths, axis=1)
+        self.starts = self.ends - widths
+        bad = np.flatnonzero(self.ends[:, -1] != offsets[1:])
+        if len(bad):
+            self.fail(f"sample {int(bad[0])}'s column sizes disagree with its offsets")
+        self.data, self.offsets, self.count = data, offsets, count
+
+    def fail(self, why: str) -> NoReturn:
+        raise InvalidInputError(
+            f"source {self.source.name!r}: MDS shard {self.path!r} is damaged: {why}"
+        )
+
+    def frames(self, first: int) -> Iterator[pl.DataFrame]:
+        """Frames of about BATCH_BYTES of samples; ``first`` is the shard's
+        first sample's index in the dataset."""
+        stop = 0
+        while stop < self.count:
+            start = stop
+            limit = self.offsets[start] + BATCH_BYTES
+            stop = max(start + 1, int(np.searchsorted(self.offsets[1:], limit, side="right")))
+            yield self.frame(start, stop, first)
+
+    def frame(self, start: int, stop: int, first: int) -> pl.DataFrame:
+        source = self.source
+        wanted = source.columns if source.columns is not None else self.names
+        columns = {
+            source.data_column: self.binary(self.names.index(source.data_column), start, stop)
+        }
+        for name in wanted:
+            if name != source.data_column:
+                columns[name] = self.column(self.names.index(name), start, stop, first)
+        columns["shard"] = pl.Series([self.number] * (stop - start), dtype=pl.Int64)
+        columns["index"] = pl.Series(np.arange(first + start, first + stop, dtype=np.int64))
+        return pl.DataFrame(columns)
+
+    def binary(self, c: int, start: int, stop: int) -> pl.Series:
+        raw = self.raw
+        spans = zip(
+            self.starts[start:stop, c].tolist(), self.ends[start:stop, c].tolist(), strict=True
+        )
+        return pl.Series([raw[s:e] for s, e in spans], dtype=pl.Binary)
+
+    def column(self, c: int, start: int, stop: int, first: int) -> pl.Series:
+        encoding = self.encodings[c]
+        number = _MDS_NUMBERS.get(encoding)
+        if number is not None:
+            dtype = np.dtype(number).newbyteorder("<")
+            at = self.starts[start:stop, c, None] + np.arange(dtype.itemsize)
+            values = self.data[at].copy().view(dtype).ravel()
+            if dtype == np.float16:  # a column type polars lacks
+                values = values.astype(np.float32)
+            return pl.Series(values)
+        if encoding not in _MDS_TEXT and encoding not in _MDS_PARSED:
+            return self.binary(c, start, stop)
+        texts = []
+        for row, value in enumerate(self.binary(c, start, stop).to_list()):
+            try:
+                texts.append(value.decode("utf-8"))
+            except UnicodeDecodeError:
+                self.fail(
+                    f"sample {first + start + row}'s column {self.names[c]!r} "
+                    f"({encoding}) is not UTF-8"
+                )
+        if encoding in _MDS_TEXT:
+            return pl.Series(texts, dtype=pl.String)
+        try:
+            return pl.Series(texts, dtype=pl.String).str.strip_chars().cast(_MDS_PARSED[encoding])
+        except pl.exceptions.PolarsError:
+            self.fail(f"column {self.names[c]!r} ({encoding}) holds text that is not a number")
+
+
+def _u32_at(data: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The little-endian u32 at each of the byte offsets ``at``."""
+    out = np.zeros(len(at), np.int64)
+    for k in range(4):
+        out |= data[at + k].astype(np.int64) << (8 * k)
+    return out
 
 
 class Lance:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import struct
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -218,7 +219,7 @@ class Layout:
     fields: dict[str, tuple[Any, tuple[int, ...], int, int]]
     header: bytes
 
-    @property
+    @functools.cached_property
     def end(self) -> int:
         return max((o + n for _, _, o, n in self.fields.values()), default=len(self.header))
 
@@ -277,6 +278,28 @@ def parse(payload: Any, what: str, length: int | None = None) -> Layout:
     return Layout(fields, bytes(view[:length]))
 
 
+#: Layouts parsed before, by their header's bytes: every record of a cache
+#: of fixed shapes has one header, so a batch's layout is parsed once per
+#: cache, not once per batch (a header's bytes decide its layout).
+_LAYOUTS: dict[bytes, Layout] = {}
+_LAYOUTS_KEPT = 256
+_LAYOUTS_LOCK = threading.Lock()
+
+
+def _parsed(header: bytes, length: int) -> Layout | None:
+    """The layout of `header` if parsed before, and the record (`length`
+    bytes) holds every field it places."""
+    layout = _LAYOUTS.get(header)
+    return layout if layout is not None and layout.end <= length else None
+
+
+def _remember(layout: Layout) -> None:
+    with _LAYOUTS_LOCK:
+        if len(_LAYOUTS) >= _LAYOUTS_KEPT:
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))
+        _LAYOUTS[layout.header] = layout
+
+
 class Reader:
     """The typed fields of one loader batch (what ``Batch.tensor`` and
     friends use): `native` is the batch's ``_native.Batch``, or a pickled
@@ -302,7 +325,10 @@ class Reader:
         head, size = self._native.payload_head(row, _FIXED.size)
         if len(head) == _FIXED.size and head[:8] == MAGIC:
             head, size = self._native.payload_head(row, _FIXED.unpack(head)[2])
-        layout = parse(head, self.label(row), size)
+        layout = _parsed(head, size)
+        if layout is None:
+            layout = parse(head, self.label(row), size)
+            _remember(layout)
         if row == 0:
             self._layout = layout
         return layout

@@ -72,6 +72,13 @@ def test_torch_tensors_and_the_default_torch_batch(tmp_path):
     np.testing.assert_array_equal(batch.torch("image").numpy(), expected(batch.sample_id))
     assert batch.torch("w").dtype == torch.float32
 
+    if not torch.cuda.is_available():  # as DataLoader(pin_memory=True) does there
+        with pytest.warns(UserWarning, match="no CUDA device: the tensor is not pinned"):
+            unpinned = batch.torch("image", pin_memory=True)
+        np.testing.assert_array_equal(unpinned.numpy(), expected(batch.sample_id))
+    else:
+        assert batch.torch("image", pin_memory=True).is_pinned()
+
     loader = torch.utils.data.DataLoader(ds.to_torch(8, seed=1), batch_size=None)
     first = next(iter(loader))
     assert set(first) >= {"image", "label", "w", "cache_id", "sample_id", "draw", "epoch"}

@@ -255,7 +255,8 @@ class Batch(HtmlRepr):
     def torch(self, name: str, *, pin_memory: bool = False) -> Any:
         """Field `name` of every row as one writable torch tensor, rows
         first: copied once into memory torch allocates (page-locked with
-        `pin_memory`, which needs a CUDA build). Never a view of the shard:
+        `pin_memory`; without a CUDA device that warns and does not pin, as
+        torch's DataLoader does). Never a view of the shard:
         torch has no read-only tensors, and a write into a mapped shard would
         kill the process."""
         return self._typed().torch(name, pin_memory=pin_memory)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import struct
 import threading
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -382,6 +383,13 @@ class Reader:
 
         dtype, shape, offset, nbytes = self.field(name)
         rows = len(self._native)
+        if pin_memory and not torch.cuda.is_available():
+            # as torch's DataLoader does: the same code runs on a machine without one
+            warnings.warn(
+                "pin_memory=True but torch sees no CUDA device: the tensor is not pinned",
+                stacklevel=3,
+            )
+            pin_memory = False
         out = torch.empty((rows, *shape), dtype=_torch_dtype(dtype, name), pin_memory=pin_memory)
         if self._gather(offset, nbytes, out.data_ptr(), rows * nbytes):
             return out

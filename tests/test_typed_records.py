@@ -241,3 +241,39 @@ def test_a_typed_sample_shows_its_fields_in_a_notebook(tmp_path):
     html = ds.get_item(ds.get_metadata()["cache_id"][0], 2)._repr_html_()
     assert "image: uint8[3, 8, 8] [2, 3, 4, 5, 6, 7 …]" in html
     assert "label: int64[] [2]" in html
+
+
+def test_a_reused_buffer_is_filled_in_place_and_a_wrong_one_refused(tmp_path):
+    """out=: one staging array or tensor for every batch, filled in place
+    (the batch's rows, not the last batch's), and one of another shape,
+    dtype or layout is InvalidInputError before anything is written."""
+    torch = pytest.importorskip("torch")
+    ds = build(tmp_path, Images(n=40), codec="zstd")
+    staging = np.zeros((8, 3, 8, 8), np.uint8)
+    pinned = torch.zeros((8, 3, 8, 8), dtype=torch.uint8)
+    for batch in ds.loader(8, seed=5, sampling="permutation"):
+        assert batch.tensor("image", out=staging) is staging
+        np.testing.assert_array_equal(staging, expected(batch.sample_id))
+        assert batch.torch("image", out=pinned) is pinned
+        np.testing.assert_array_equal(pinned.numpy(), expected(batch.sample_id))
+    batch = next(iter(ds.loader(8, seed=5)))
+    for wrong in (
+        np.zeros((7, 3, 8, 8), np.uint8),
+        np.zeros((8, 3, 8, 8), np.int8),
+        np.zeros((8, 8, 8, 3), np.uint8).transpose(0, 3, 1, 2),
+        np.zeros((8, 3, 8, 16), np.uint8)[..., :8],
+        b"not an array",
+    ):
+        with pytest.raises(InvalidInputError, match=r"out= for field 'image' must be"):
+            batch.tensor("image", out=wrong)
+    read_only = np.zeros((8, 3, 8, 8), np.uint8)
+    read_only.flags.writeable = False
+    with pytest.raises(InvalidInputError, match="writable C-contiguous"):
+        batch.tensor("image", out=read_only)
+    for wrong in (
+        torch.zeros((8, 3, 8, 8), dtype=torch.int16),
+        torch.zeros((8, 3, 8, 16), dtype=torch.uint8)[..., :8],
+        staging,
+    ):
+        with pytest.raises(InvalidInputError, match=r"out= for field 'image' must be a contiguous"):
+            batch.torch("image", out=wrong)

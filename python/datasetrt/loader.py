@@ -240,26 +240,29 @@ class Batch(HtmlRepr):
         """Row 0's typed fields: name -> (numpy dtype, shape)."""
         return {n: (d, s) for n, (d, s, _, _) in self._typed().layout().fields.items()}
 
-    def tensor(self, name: str, *, copy: bool = False) -> Any:
+    def tensor(self, name: str, *, copy: bool = False, out: Any = None) -> Any:
         """Field `name` of every row as one numpy array, rows first.
 
         A read-only view of the mapped shard, with no copy, when the rows lie
         one after another in one shard stored raw (``codec="none"``, read in
         order) and `copy` is false; otherwise one copy, made natively
-        without the GIL, into a new writable array. Rows whose shapes differ
+        without the GIL, into `out` (an array of the batch's shape and dtype,
+        reused from batch to batch) or a new writable array. Rows whose shapes differ
         are :class:`InvalidInputError` (read them with :meth:`arrays`); a
         cache of bytes payloads is :class:`InvalidInputError` too; a damaged
         header :class:`CorruptCacheError`."""
-        return self._typed().tensor(name, copy=copy)
+        return self._typed().tensor(name, copy=copy, out=out)
 
-    def torch(self, name: str, *, pin_memory: bool = False) -> Any:
+    def torch(self, name: str, *, pin_memory: bool = False, out: Any = None) -> Any:
         """Field `name` of every row as one writable torch tensor, rows
         first: copied once into memory torch allocates (page-locked with
         `pin_memory`; without a CUDA device that warns and does not pin, as
-        torch's DataLoader does). Never a view of the shard:
+        torch's DataLoader does), or into `out`, a contiguous CPU tensor of
+        the batch's shape and dtype reused from batch to batch (a pinned
+        staging buffer, say). Never a view of the shard:
         torch has no read-only tensors, and a write into a mapped shard would
         kill the process."""
-        return self._typed().torch(name, pin_memory=pin_memory)
+        return self._typed().torch(name, pin_memory=pin_memory, out=out)
 
     def arrays(self, name: str) -> list[Any]:
         """Field `name` of each row as its own read-only numpy array, over

@@ -357,13 +357,27 @@ class Reader:
             out.append(np.frombuffer(view, dtype, count, offset).reshape(shape))
         return out
 
-    def tensor(self, name: str, *, copy: bool = False) -> np.ndarray:
+    def tensor(self, name: str, *, copy: bool = False, out: Any = None) -> np.ndarray:
         """The field of every row as one array (rows first): a read-only
         view of the shard when the rows lie one after another in it and
-        `copy` is false, else one copy into a new array."""
+        neither `copy` nor `out` is given, else one copy into `out` (a
+        C-contiguous writable array of the batch's shape and dtype, reused
+        from batch to batch) or a new array."""
         dtype, shape, offset, nbytes = self.field(name)
         rows = len(self._native)
-        if not copy and self.alike():
+        if out is not None:
+            if (
+                not isinstance(out, np.ndarray)
+                or out.dtype != dtype
+                or out.shape != (rows, *shape)
+                or not out.flags.c_contiguous
+                or not out.flags.writeable
+            ):
+                raise InvalidInputError(
+                    f"out= for field {name!r} must be a writable C-contiguous numpy array "
+                    f"of shape {(rows, *shape)} and dtype {dtype}; got {_described(out)}"
+                )
+        elif not copy and self.alike():
             run = self._native.run()
             if run is not None:
                 shard, first, stride = run
@@ -371,29 +385,51 @@ class Reader:
                 return np.ndarray(
                     (rows, *shape), dtype, buffer=shard, offset=first + offset, strides=strides
                 )
-        out = np.empty((rows, *shape), dtype=dtype)
-        if self._gather(offset, nbytes, out.ctypes.data, out.nbytes):
-            return out
-        return self._stack(name)
+        target = np.empty((rows, *shape), dtype=dtype) if out is None else out
+        if self._gather(offset, nbytes, target.ctypes.data, target.nbytes):
+            return target
+        if out is None:
+            return self._stack(name)
+        out[...] = self._stack(name)
+        return out
 
-    def torch(self, name: str, *, pin_memory: bool = False) -> Any:
+    def torch(self, name: str, *, pin_memory: bool = False, out: Any = None) -> Any:
         """The field as one writable torch tensor (rows first), copied once
-        into memory torch allocates (page-locked with `pin_memory`)."""
+        into `out` (a contiguous CPU tensor of the batch's shape and dtype,
+        reused from batch to batch: a pinned staging buffer, say) or into
+        memory torch allocates (page-locked with `pin_memory`)."""
         import torch
 
         dtype, shape, offset, nbytes = self.field(name)
         rows = len(self._native)
-        if pin_memory and not torch.cuda.is_available():
+        kind = _torch_dtype(dtype, name)
+        if out is not None:
+            if (
+                not isinstance(out, torch.Tensor)
+                or out.dtype != kind
+                or tuple(out.shape) != (rows, *shape)
+                or not out.is_contiguous()
+                or out.device.type != "cpu"
+            ):
+                raise InvalidInputError(
+                    f"out= for field {name!r} must be a contiguous CPU torch tensor of "
+                    f"shape {(rows, *shape)} and dtype {kind}; got {_described(out)}"
+                )
+        elif pin_memory and not torch.cuda.is_available():
             # as torch's DataLoader does: the same code runs on a machine without one
             warnings.warn(
                 "pin_memory=True but torch sees no CUDA device: the tensor is not pinned",
                 stacklevel=3,
             )
             pin_memory = False
-        out = torch.empty((rows, *shape), dtype=_torch_dtype(dtype, name), pin_memory=pin_memory)
-        if self._gather(offset, nbytes, out.data_ptr(), rows * nbytes):
-            return out
+        target = (
+            torch.empty((rows, *shape), dtype=kind, pin_memory=pin_memory) if out is None else out
+        )
+        if self._gather(offset, nbytes, target.data_ptr(), rows * nbytes):
+            return target
         stacked = torch.from_numpy(self._stack(name))
+        if out is not None:
+            return out.copy_(stacked)
         return stacked.pin_memory() if pin_memory else stacked
 
     def _gather(self, offset: int, nbytes: int, address: int, capacity: int) -> bool:
@@ -413,6 +449,13 @@ class Reader:
                 f"batch.arrays({name!r})"
             )
         return np.stack(arrays)
+
+
+def _described(value: Any) -> str:
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None:
+        return type(value).__name__
+    return f"{type(value).__name__} of shape {tuple(shape)} and dtype {dtype}"
 
 
 @functools.cache

@@ -5,6 +5,8 @@ torch tensors with no pickle (``datasetrt.records``, FORMAT.md)."""
 from __future__ import annotations
 
 import pickle
+import struct
+import warnings
 from typing import ClassVar
 
 import numpy as np
@@ -277,3 +279,67 @@ def test_a_reused_buffer_is_filled_in_place_and_a_wrong_one_refused(tmp_path):
     ):
         with pytest.raises(InvalidInputError, match=r"out= for field 'image' must be a contiguous"):
             batch.torch("image", out=wrong)
+
+
+def test_a_header_that_encode_never_writes_is_corrupt_not_a_crash(tmp_path):
+    """Review finding: a bytes payload that happens to start like a typed
+    record and declares an object field (numpy would read its bytes as
+    pointers) is CorruptCacheError, in a copy and in a view alike."""
+    entry = struct.pack("<B1sB2sB", 1, b"x", 2, b"|O", 1) + struct.pack("<Q", 2)
+    head = records._FIXED.pack(records.MAGIC, 1, 64, 1) + entry + struct.pack("<QQ", 64, 16)
+    record = head.ljust(64, b"\0") + struct.pack("<QQ", 0x4141414141414141, 0x10)
+
+    class Raw:
+        name = "raw"
+
+        def __iter__(self):
+            return iter([(record, None)] * 4)
+
+    batch = next(iter(build(tmp_path, Raw(), codec="none").loader(4, seed=0)))
+    for read in (lambda: batch.tensor("x", copy=True), lambda: batch.tensor("x")):
+        with pytest.raises(CorruptCacheError, match=r"dtype '\|O', not a little-endian number"):
+            read()
+
+
+def test_rows_of_two_caches_with_one_field_name_and_two_dtypes_are_refused(tmp_path):
+    """Review finding: a batch drawn from two caches whose field `x` differs
+    in dtype is InvalidInputError, not silently promoted or truncated."""
+
+    class Source:
+        def __init__(self, name, dtype):
+            self.name, self.dtype = name, dtype
+
+        def __iter__(self):
+            for i in range(8):
+                yield {"x": np.array([i], self.dtype)}, None
+
+    ds = build(tmp_path, Source("a", np.uint8), Source("b", np.float32))
+    mixed = next(
+        batch
+        for seed in range(64)
+        for batch in [next(iter(ds.loader(16, seed=seed)))]
+        if len(set(batch.cache_id)) == 2
+    )
+    with pytest.raises(InvalidInputError, match="field 'x' has 2 dtypes in this batch"):
+        mixed.tensor("x")
+    with pytest.raises(InvalidInputError, match="field 'x' has 2 dtypes in this batch"):
+        mixed.tensor("x", out=np.zeros((16, 1), mixed.fields["x"][0]))  # row 0's dtype
+    assert {a.dtype for a in mixed.arrays("x")} == {np.dtype(np.uint8), np.dtype(np.float32)}
+
+
+def test_out_over_a_read_only_view_of_a_shard_is_refused_not_a_crash(tmp_path):
+    """Review finding: torch cannot mark a tensor read-only, so a tensor made
+    from batch.tensor's view of a mapped shard and passed as out= is refused
+    by the native copy (the kernel is asked whether it may be written)."""
+    torch = pytest.importorskip("torch")
+    ds = build(tmp_path, Images(n=4), codec="none")
+    view = next(iter(ds.loader(1, seed=0))).tensor("image")
+    assert not view.flags.writeable
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns of the read-only array
+        staging = torch.from_numpy(view)
+    batch = next(iter(ds.loader(1, seed=1)))
+    with pytest.raises(InvalidInputError, match="out= is not writable memory"):
+        batch.torch("image", out=staging)
+    # the copy into memory of its own still works
+    np.testing.assert_array_equal(batch.torch("image").numpy(), expected(batch.sample_id))

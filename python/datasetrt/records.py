@@ -69,7 +69,7 @@ class Field:
             raise InvalidInputError(
                 f"Field dtype {self.dtype!r} is not a numpy dtype: {exc}"
             ) from None
-        if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
+        if not _plain(dtype):
             raise InvalidInputError(
                 f"Field dtype {dtype} is not a plain number or bool (strings, objects and "
                 f"structured dtypes are stored as metadata columns or bytes)"
@@ -90,6 +90,11 @@ class Field:
     def fixed(self) -> bool:
         """Whether every record's array has this one shape."""
         return None not in self.shape
+
+
+def _plain(dtype: np.dtype) -> bool:
+    """Whether a field may have `dtype`: a number or bool, not a structure."""
+    return dtype.kind in "biufc" and dtype.fields is None and dtype.subdtype is None
 
 
 def infer_fields(values: Mapping[str, Any], where: str) -> dict[str, Field]:
@@ -249,7 +254,7 @@ def parse(payload: Any, what: str, length: int | None = None) -> Layout:
     _, version, length, count = _FIXED.unpack_from(view)
     if version != VERSION:
         raise bad(f"version {version}, this DatasetRT reads {VERSION}")
-    if length > length_ or length % ALIGN:
+    if length > length_ or length % ALIGN or length < _FIXED.size:
         raise bad(f"header length {length} (record is {length_} bytes)")
     if length > len(view):
         raise bad(f"header length {length}, {len(view)} bytes given")
@@ -261,6 +266,10 @@ def parse(payload: Any, what: str, length: int | None = None) -> Layout:
             at += 1 + n
             (n,) = struct.unpack_from("<B", view, at)
             dtype = np.dtype(bytes(view[at + 1 : at + 1 + n]).decode())
+            if not _plain(dtype) or dtype.str[0] not in "<|":
+                # what encode never writes: an object dtype would make numpy
+                # read the record's bytes as pointers
+                raise bad(f"field {name!r} has dtype {dtype.str!r}, not a little-endian number")
             at += 1 + n
             (ndim,) = struct.unpack_from("<B", view, at)
             shape = struct.unpack_from(f"<{ndim}Q", view, at + 1)
@@ -325,7 +334,8 @@ class Reader:
             raise InvalidInputError("an empty batch has no fields")
         head, size = self._native.payload_head(row, _FIXED.size)
         if len(head) == _FIXED.size and head[:8] == MAGIC:
-            head, size = self._native.payload_head(row, _FIXED.unpack(head)[2])
+            length = max(_FIXED.unpack(head)[2], _FIXED.size)
+            head, size = self._native.payload_head(row, length)
         layout = _parsed(head, size)
         if layout is None:
             layout = parse(head, self.label(row), size)
@@ -381,7 +391,7 @@ class Reader:
             run = self._native.run()
             if run is not None:
                 shard, first, stride = run
-                strides = (stride, *np.empty(shape, dtype=dtype).strides)
+                strides = (stride, *_c_strides(shape, dtype.itemsize))
                 return np.ndarray(
                     (rows, *shape), dtype, buffer=shard, offset=first + offset, strides=strides
                 )
@@ -441,6 +451,13 @@ class Reader:
 
     def _stack(self, name: str) -> np.ndarray:
         arrays = self.arrays(name)
+        dtypes = {a.dtype for a in arrays}
+        if len(dtypes) > 1:  # rows of two caches that name a field alike
+            raise InvalidInputError(
+                f"field {name!r} has {len(dtypes)} dtypes in this batch "
+                f"({', '.join(sorted(map(str, dtypes)))}); read it row by row with "
+                f"batch.arrays({name!r})"
+            )
         shapes = {a.shape for a in arrays}
         if len(shapes) > 1:
             raise InvalidInputError(
@@ -449,6 +466,14 @@ class Reader:
                 f"batch.arrays({name!r})"
             )
         return np.stack(arrays)
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    strides, step = [], itemsize
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return tuple(reversed(strides))
 
 
 def _described(value: Any) -> str:

@@ -132,6 +132,23 @@ impl PyBatch {
     }
 }
 
+/// Whether the first and last of the `len` bytes at `address` can be
+/// written: the kernel copies one zero byte from /dev/zero to each (bytes
+/// the caller is about to overwrite anyway) and answers EFAULT, not a
+/// signal, where the memory is read-only or unmapped.
+fn writable(address: usize, len: usize) -> bool {
+    use std::os::fd::AsRawFd;
+    static ZERO: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    let Some(zero) = ZERO.get_or_init(|| std::fs::File::open("/dev/zero").ok()) else {
+        return true; // no /dev/zero to ask: as before the check
+    };
+    [address, address + len - 1].iter().all(|&at| {
+        // SAFETY: read(2) writes at most one byte at `at`, inside the range
+        // the caller allocated for this copy; the kernel checks the address.
+        unsafe { libc::read(zero.as_raw_fd(), at as *mut libc::c_void, 1) == 1 }
+    })
+}
+
 #[pymethods]
 impl PyBatch {
     fn __len__(&self) -> usize {
@@ -273,6 +290,14 @@ impl PyBatch {
         }
         if let Some(row) = self.first_unlike(header, start + len) {
             return Ok(Some(row));
+        }
+        if !writable(address, capacity) {
+            // a tensor over a read-only view of a shard (torch cannot mark
+            // one read-only): refused, not a crash
+            return Err(crate::error::invalid(
+                "out= is not writable memory (a tensor or array over a read-only buffer, \
+                 such as torch.from_numpy of batch.tensor's view of a shard?)",
+            ));
         }
         crate::runtime::detach(py, || {
             // SAFETY: the caller allocated `capacity` writable bytes at

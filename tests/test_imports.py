@@ -60,6 +60,32 @@ def test_parquet_files_become_a_cache_with_their_columns_as_metadata(tmp_path):
     assert ds.caches[0]["records"] == 500
 
 
+def test_a_source_of_its_own_runs_in_order_on_the_callers_thread(tmp_path):
+    """Review finding: only drt.sources' own sources are read ahead on a
+    thread; a source of the user's may reuse the buffer it yielded (or hold
+    a resource of its thread) and still caches every row."""
+    import threading
+
+    class Reused:
+        name = "reused"
+        data_column = "data"
+
+        def tables(self):
+            buffer = {"data": [], "i": []}
+            for i in range(40):
+                assert threading.current_thread() is threading.main_thread()
+                buffer["data"].append(f"row {i}".encode())
+                buffer["i"].append(i)
+                if len(buffer["i"]) == 10:
+                    yield buffer
+                    buffer["data"].clear()
+                    buffer["i"].clear()
+
+    meta = drt.build(tmp_path / "c", [Reused()], progress=False).get_metadata()
+    assert sorted(meta["i"].to_list()) == list(range(40))
+    assert drt.sources.Parquet.read_ahead and drt.sources.MDS.read_ahead
+
+
 def test_the_same_files_under_the_same_name_are_built_once(tmp_path):
     rows(50).write_parquet(tmp_path / "a.parquet")
     src = drt.sources.Parquet(tmp_path / "a.parquet", name="pq-v1", columns=["label"])
@@ -286,6 +312,34 @@ def test_a_bad_mds_dataset_names_the_file_and_leaves_nothing(tmp_path):
     (text / "index.json").write_text(json.dumps(index))
     with pytest.raises(InvalidInputError, match="index version 3; this source reads version 2"):
         drt.sources.MDS(text, name="c6", data="data")
+    # an index that lies about its columns or files (review findings): named
+    # before any shard is read
+    for change, match in [
+        (lambda i: i["shards"][0]["column_sizes"].__setitem__(1, -2), "column 'count' has size -2"),
+        (lambda i: i["shards"][0]["column_sizes"].__setitem__(1, "2"), "has size '2'"),
+        (
+            lambda i: i["shards"][0]["column_encodings"].__setitem__(5, "float64"),
+            r"column 'score' \(float64\) has size 4, not 8",
+        ),
+        (
+            lambda i: i["shards"][1]["raw_data"].__setitem__("basename", "/etc/hostname"),
+            "is not a path inside the dataset",
+        ),
+        (
+            lambda i: i["shards"][1]["raw_data"].__setitem__("basename", "../x.mds"),
+            "is not a path inside the dataset",
+        ),
+        (lambda i: i["shards"][2].__setitem__("samples", -1), "sample count -1"),
+        (lambda i: i["shards"].__setitem__(0, "shard"), "shard 0 is of format 'str'"),
+    ]:
+        index = json.loads((MDS_FIXTURES / "gz" / "index.json").read_text())
+        change(index)
+        (text / "index.json").write_text(json.dumps(index))
+        with pytest.raises(InvalidInputError, match=match):
+            drt.sources.MDS(text, name="c8", data="data")
+    (text / "index.json").write_text("[1, 2]")
+    with pytest.raises(InvalidInputError, match="index version None"):
+        drt.sources.MDS(text, name="c9", data="data")
     # columns of its own name
     (text / "index.json").write_text(
         (MDS_FIXTURES / "gz" / "index.json").read_text().replace('"label"', '"index"')

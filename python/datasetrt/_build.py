@@ -196,7 +196,10 @@ def write_table_source(
     with _writing(writer, name, total, progress) as bar:
         metas: list[pl.DataFrame] = []
         rows = 0
-        for i, table in enumerate(_read_ahead(source.tables(), name)):
+        tables = source.tables()
+        if getattr(source, "read_ahead", False) is True:
+            tables = _read_ahead(tables, name)
+        for i, table in enumerate(tables):
             frame = table if isinstance(table, pl.DataFrame) else pl.DataFrame(table)
             if frame.height == 0:
                 continue  # an empty batch adds nothing (its columns may be all Null)
@@ -219,11 +222,14 @@ def write_table_source(
 
 
 def _read_ahead(tables: Iterable[Any], name: str) -> Iterator[Any]:
-    """`tables`, read one table ahead on a thread of its own: the source
-    reads (polars, a tar, a shard) while the engine writes the table before
-    (it releases the GIL), so a build takes about the longer of the two, not
-    their sum. An error of the source is raised here, in order; stopping
-    early stops the thread."""
+    """`tables`, read ahead on a thread of its own (up to two tables: one
+    handed over, one waiting): the source reads (polars, a tar, a shard)
+    while the engine writes the table before (it releases the GIL), so a
+    build takes about the longer of the two, not their sum. Only for
+    sources that say ``read_ahead = True`` (those of ``drt.sources``): the
+    source's generator runs on that thread and goes on past a table before
+    it is written, so it must not change a table it yielded. An error of
+    the source is raised here, in order; stopping early stops the thread."""
     ready: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
     stop = threading.Event()
 

@@ -7,6 +7,9 @@ go to the engine's writer as Arrow, with no Python object per record; the
 other columns become the sample's metadata (integers, floats, bool, str,
 bytes). ``build`` takes one like any source: its name decides reuse,
 so the same files under the same name give the same cache, built once.
+A source whose ``read_ahead`` is ``True`` (every one here) is read on a
+thread of its own, ahead of the writer: its generator must not change a
+table it has yielded, nor depend on the thread it runs on.
 
 Here: :class:`Parquet` (files), :class:`WebDataset` (tar shards),
 :class:`MDS` (MosaicML Streaming shards), :class:`HuggingFace` (a
@@ -25,6 +28,7 @@ import json
 import os
 import posixpath
 import tarfile
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
@@ -53,6 +57,9 @@ class Parquet:
     missing file, a glob that matches nothing or a file polars cannot read
     is :class:`InvalidInputError` naming it.
     """
+
+    #: read on a thread of its own, ahead of the writer (see build)
+    read_ahead = True
 
     def __init__(
         self,
@@ -158,6 +165,9 @@ class WebDataset:
     A sample without its ``data`` member, or a member whose text is not of
     its type, is :class:`InvalidInputError` naming the shard and the key.
     """
+
+    #: read on a thread of its own, ahead of the writer (see build)
+    read_ahead = True
 
     def __init__(
         self,
@@ -290,6 +300,9 @@ class HuggingFace:
     ``ClassLabel`` is its integer. Read batch by batch as the files hold
     them (pyarrow, which ``datasets`` itself needs).
     """
+
+    #: read on a thread of its own, ahead of the writer (see build)
+    read_ahead = True
 
     def __init__(
         self,
@@ -429,6 +442,9 @@ class MDS:
     UTF-8 is :class:`InvalidInputError` naming the file (and sample).
     """
 
+    #: read on a thread of its own, ahead of the writer (see build)
+    read_ahead = True
+
     def __init__(
         self,
         directory: PathLike,
@@ -508,7 +524,7 @@ class MDS:
                 return path, _native.decompress("zstd", packed, raw["bytes"])
             if codec is not None:
                 return path, importlib.import_module(codec).decompress(packed)
-        except (InvalidInputError, OSError, EOFError, ValueError) as exc:
+        except (InvalidInputError, OSError, EOFError, ValueError, MemoryError, zlib.error) as exc:
             raise InvalidInputError(
                 f"source {self.name!r}: MDS shard {path!r} is damaged: {exc}"
             ) from None
@@ -520,25 +536,59 @@ class MDS:
 
 
 def _mds_shards(index: Any) -> list[dict]:
-    """The shards of an MDS ``index.json``, checked for what reading needs."""
-    if index.get("version") != 2:
-        raise ValueError(f"index version {index.get('version')!r}; this source reads version 2")
-    shards = index["shards"]
-    for shard in shards:
-        if shard.get("format") != "mds":
-            raise ValueError(f"a shard of format {shard.get('format')!r}; this source reads mds")
-        names, encodings, sizes = (
-            shard["column_names"],
-            shard["column_encodings"],
-            shard["column_sizes"],
-        )
-        if not (len(names) == len(encodings) == len(sizes)) or not isinstance(
-            shard["samples"], int
-        ):
-            raise ValueError("a shard's columns or sample count are malformed")
-        if not isinstance(shard["raw_data"]["basename"], str):
-            raise ValueError("a shard without a file name")
+    """The shards of an MDS ``index.json``, checked for what reading needs
+    (a ValueError says what is wrong)."""
+    if not isinstance(index, dict) or index.get("version") != 2:
+        version = index.get("version") if isinstance(index, dict) else None
+        raise ValueError(f"index version {version!r}; this source reads version 2")
+    shards = index.get("shards")
+    if not isinstance(shards, list):
+        raise ValueError("its 'shards' is not a list")
+    for number, shard in enumerate(shards):
+        _check_mds_shard(shard, number)
     return shards
+
+
+def _check_mds_shard(shard: Any, number: int) -> None:
+    where = f"shard {number}"
+    if not isinstance(shard, dict) or shard.get("format") != "mds":
+        kind = shard.get("format") if isinstance(shard, dict) else type(shard).__name__
+        raise ValueError(f"{where} is of format {kind!r}; this source reads mds")
+    names, encodings, sizes = (
+        shard.get("column_names"),
+        shard.get("column_encodings"),
+        shard.get("column_sizes"),
+    )
+    if not all(isinstance(x, list) for x in (names, encodings, sizes)) or not (
+        len(names) == len(encodings) == len(sizes)
+    ):
+        raise ValueError(f"{where}: its column names, encodings and sizes do not line up")
+    for name, encoding, size in zip(names, encodings, sizes, strict=True):
+        if not isinstance(name, str) or not isinstance(encoding, str):
+            raise ValueError(f"{where}: a column name or encoding is not text")
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+            raise ValueError(f"{where}: column {name!r} has size {size!r}")
+        number_type = _MDS_NUMBERS.get(encoding)
+        if number_type is not None and size != np.dtype(number_type).itemsize:
+            raise ValueError(
+                f"{where}: column {name!r} ({encoding}) has size {size!r}, not "
+                f"{np.dtype(number_type).itemsize}"
+            )
+    samples = shard.get("samples")
+    if not isinstance(samples, int) or isinstance(samples, bool) or not 0 <= samples < 1 << 32:
+        raise ValueError(f"{where}: sample count {samples!r}")
+    for key in ("raw_data", "zip_data"):
+        entry = shard.get(key)
+        if entry is None and key == "zip_data":
+            continue
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: {key} is {entry!r}")
+        base, size = entry.get("basename"), entry.get("bytes")
+        parts = base.replace("\\", "/").split("/") if isinstance(base, str) else []
+        if not parts or os.path.isabs(base) or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"{where}: {key} file {base!r} is not a path inside the dataset")
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size < 1 << 40:
+            raise ValueError(f"{where}: {key} size {size!r}")
 
 
 class _MdsShard:
@@ -656,6 +706,9 @@ class Lance:
     source is made), so a source keeps naming the same rows while the Lance
     dataset moves on.
     """
+
+    #: read on a thread of its own, ahead of the writer (see build)
+    read_ahead = True
 
     def __init__(
         self,

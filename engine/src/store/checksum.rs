@@ -163,7 +163,7 @@ pub fn unseal_text(raw: &[u8]) -> std::result::Result<&str, Unsealed> {
     let split = text.rfind("checksum=").ok_or(Unsealed::Missing)?;
     let hex = text[split + 9..]
         .strip_suffix('\n')
-        .filter(|hex| hex.len() == 8)
+        .filter(|hex| hex.len() == 8 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
         .ok_or(Unsealed::Unreadable)?;
     let stored = u32::from_str_radix(hex, 16).map_err(|_| Unsealed::Unreadable)?;
     check_seal(&raw[..split], stored)?;
@@ -309,22 +309,30 @@ mod tests {
     fn a_seal_opens_only_as_it_was_written() {
         let text = seal_text("head\nsnapshot=7\n");
         assert_eq!(unseal_text(text.as_bytes()), Ok("head\nsnapshot=7\n"));
-        // A seal must be 8 hex digits and a newline: a trimmed, padded or
-        // truncated line is refused even where its value would match.
+        // A seal must be 8 hex digits and a newline: a trimmed, padded,
+        // signed or truncated line is refused even where its value would
+        // match. The body is one whose checksum starts with a 0, so the
+        // line without it still parses as the same number.
+        let text = (0..)
+            .map(|n| seal_text(&format!("head\nsnapshot={n}\n")))
+            .find(|t| t[t.len() - 9..].starts_with('0'))
+            .expect("a checksum with a leading zero");
+        assert!(unseal_text(text.as_bytes()).is_ok());
         let hex = &text[text.len() - 9..text.len() - 1];
+        let short = &hex[1..];
         for bad in [
             text.trim_end().to_string(),
             format!("{text} "),
             text.replace(hex, &format!(" {hex}")),
-            text.replace(hex, hex.trim_start_matches('0')),
+            text.replace(hex, short),
+            text.replace(hex, &format!("+{short}")),
         ] {
-            if bad != text {
-                assert_eq!(
-                    unseal_text(bad.as_bytes()),
-                    Err(Unsealed::Unreadable),
-                    "{bad:?}"
-                );
-            }
+            assert_ne!(bad, text);
+            assert_eq!(
+                unseal_text(bad.as_bytes()),
+                Err(Unsealed::Unreadable),
+                "{bad:?}"
+            );
         }
         assert_eq!(unseal_text(b"head\n"), Err(Unsealed::Missing));
         assert_eq!(

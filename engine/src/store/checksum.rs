@@ -339,7 +339,7 @@ mod tests {
             unseal_text(b"\xff checksum=00000000\n"),
             Err(Unsealed::NotText)
         );
-        let edited = text.replace("=7", "=8");
+        let edited = text.replacen("head", "hexd", 1);
         assert!(matches!(
             unseal_text(edited.as_bytes()),
             Err(Unsealed::Mismatch { .. })

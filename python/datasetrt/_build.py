@@ -341,8 +341,6 @@ def write_source(
                 ) from None
             if n == 0 and fields is None and isinstance(data, Mapping):
                 fields = records.infer_fields(data, f"source {name!r}: record 0")
-                for key in fields:
-                    records.check_name(key, f"source {name!r}")
             if fields is not None:
                 data = records.encode(data, fields, f"source {name!r}: record {n}")
             elif type(data) is not bytes:

@@ -11,7 +11,6 @@ import ctypes
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import numpy
 import polars as pl
 
 from . import _html, _native, records
@@ -77,12 +76,7 @@ class Sample(HtmlRepr):
         """A typed record's fields (:mod:`datasetrt.records`): name -> a
         read-only numpy array over ``data``."""
         layout = records.parse(self.data, f"cache {self.cache_id} sample {self.sample_id}")
-        return {
-            name: numpy.frombuffer(self.data, dtype, nbytes // dtype.itemsize, offset).reshape(
-                shape
-            )
-            for name, (dtype, shape, offset, nbytes) in layout.fields.items()
-        }
+        return {name: records.field_array(self.data, f) for name, f in layout.fields.items()}
 
     def __repr__(self) -> str:
         return (

@@ -102,6 +102,7 @@ def infer_fields(values: Mapping[str, Any], where: str) -> dict[str, Field]:
     dtype and shape as found (a Python int is int64, a float float64)."""
     fields = {}
     for name, value in values.items():
+        check_name(name, where)
         array = np.asarray(value)
         try:
             fields[name] = Field(array.dtype, array.shape)
@@ -310,6 +311,13 @@ def _remember(layout: Layout) -> None:
         _LAYOUTS[layout.header] = layout
 
 
+def field_array(buffer: Any, field: tuple[Any, tuple[int, ...], int, int]) -> np.ndarray:
+    """The read-only array a layout's `field` (dtype, shape, offset, length)
+    places in the record `buffer`, over its bytes (no copy)."""
+    dtype, shape, offset, nbytes = field
+    return np.frombuffer(buffer, dtype, nbytes // dtype.itemsize, offset).reshape(shape)
+
+
 class Reader:
     """The typed fields of one loader batch (what ``Batch.tensor`` and
     friends use): `native` is the batch's ``_native.Batch``, or a pickled
@@ -362,9 +370,7 @@ class Reader:
         """One read-only array per row, over its payload (no copy)."""
         out = []
         for row, view in enumerate(self.views()):
-            dtype, shape, offset, nbytes = self.field(name, row)
-            count = nbytes // dtype.itemsize
-            out.append(np.frombuffer(view, dtype, count, offset).reshape(shape))
+            out.append(field_array(view, self.field(name, row)))
         return out
 
     def tensor(self, name: str, *, copy: bool = False, out: Any = None) -> np.ndarray:

@@ -653,12 +653,16 @@ class _MdsShard:
         columns["index"] = pl.Series(np.arange(first + start, first + stop, dtype=np.int64))
         return pl.DataFrame(columns)
 
-    def binary(self, c: int, start: int, stop: int) -> pl.Series:
+    def values(self, c: int, start: int, stop: int) -> list[bytes]:
+        """Column `c`'s stored bytes, sample by sample."""
         raw = self.raw
         spans = zip(
             self.starts[start:stop, c].tolist(), self.ends[start:stop, c].tolist(), strict=True
         )
-        return pl.Series([raw[s:e] for s, e in spans], dtype=pl.Binary)
+        return [raw[s:e] for s, e in spans]
+
+    def binary(self, c: int, start: int, stop: int) -> pl.Series:
+        return pl.Series(self.values(c, start, stop), dtype=pl.Binary)
 
     def column(self, c: int, start: int, stop: int, first: int) -> pl.Series:
         encoding = self.encodings[c]
@@ -666,14 +670,14 @@ class _MdsShard:
         if number is not None:
             dtype = np.dtype(number).newbyteorder("<")
             at = self.starts[start:stop, c, None] + np.arange(dtype.itemsize)
-            values = self.data[at].copy().view(dtype).ravel()
+            values = self.data[at].view(dtype).ravel()  # the gather copies
             if dtype == np.float16:  # a column type polars lacks
                 values = values.astype(np.float32)
             return pl.Series(values)
         if encoding not in _MDS_TEXT and encoding not in _MDS_PARSED:
             return self.binary(c, start, stop)
         texts = []
-        for row, value in enumerate(self.binary(c, start, stop).to_list()):
+        for row, value in enumerate(self.values(c, start, stop)):
             try:
                 texts.append(value.decode("utf-8"))
             except UnicodeDecodeError:

@@ -137,7 +137,6 @@ impl PyBatch {
 /// the caller is about to overwrite anyway) and answers EFAULT, not a
 /// signal, where the memory is read-only or unmapped.
 fn writable(address: usize, len: usize) -> bool {
-    use std::os::fd::AsRawFd;
     static ZERO: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
     let Some(zero) = ZERO.get_or_init(|| std::fs::File::open("/dev/zero").ok()) else {
         return true; // no /dev/zero to ask: as before the check

@@ -8,6 +8,7 @@ snapshot; see :meth:`datasetrt.Dataset.loader`.
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ import polars as pl
 
 from . import _html, _native, records
 from ._html import HtmlRepr
+from .exceptions import InvalidInputError
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -138,11 +140,21 @@ class _Lists:
         return None
 
     def gather_into(
-        self, header: bytes, start: int, length: int, address: int, capacity: int
+        self,
+        header: bytes,
+        start: int,
+        length: int,
+        address: int,
+        capacity: int,
+        fresh: bool = False,
     ) -> int | None:
         unlike = self.first_unlike(header, start + length)
         if unlike is not None:
             return unlike
+        if not fresh and not _writable(address, capacity):
+            raise InvalidInputError(
+                "out= is not writable memory (a tensor or array over a read-only buffer?)"
+            )
         target = (ctypes.c_char * capacity).from_address(address)
         for row, data in enumerate(self._data):
             target[row * length : (row + 1) * length] = data[start : start + length]
@@ -429,3 +441,19 @@ class Loader(HtmlRepr):
     def metrics(self) -> str:
         """The plan with its metrics so far: rows, payload bytes, read time."""
         return self._native.metrics()
+
+
+def _writable(address: int, length: int) -> bool:
+    """Whether the first and last byte at `address` can be written, asked
+    of the kernel (a read of /dev/zero there fails, not crashes, if not), as
+    the native batch asks."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        fd = os.open("/dev/zero", os.O_RDONLY)
+    except OSError:
+        return True  # nothing to ask: as the native batch does
+    try:
+        ends = (address, address + length - 1)
+        return all(libc.read(fd, ctypes.c_void_p(at), 1) == 1 for at in ends)
+    finally:
+        os.close(fd)

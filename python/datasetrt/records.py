@@ -402,7 +402,7 @@ class Reader:
                     (rows, *shape), dtype, buffer=shard, offset=first + offset, strides=strides
                 )
         target = np.empty((rows, *shape), dtype=dtype) if out is None else out
-        if self._gather(offset, nbytes, target.ctypes.data, target.nbytes):
+        if self._gather(offset, nbytes, target.ctypes.data, target.nbytes, fresh=out is None):
             return target
         if out is None:
             return self._stack(name)
@@ -441,19 +441,22 @@ class Reader:
         target = (
             torch.empty((rows, *shape), dtype=kind, pin_memory=pin_memory) if out is None else out
         )
-        if self._gather(offset, nbytes, target.data_ptr(), rows * nbytes):
+        if self._gather(offset, nbytes, target.data_ptr(), rows * nbytes, fresh=out is None):
             return target
         stacked = torch.from_numpy(self._stack(name))
         if out is not None:
             return out.copy_(stacked)
         return stacked.pin_memory() if pin_memory else stacked
 
-    def _gather(self, offset: int, nbytes: int, address: int, capacity: int) -> bool:
-        """Copy the field of every row to `address`, if every row is alike."""
+    def _gather(
+        self, offset: int, nbytes: int, address: int, capacity: int, *, fresh: bool
+    ) -> bool:
+        """Copy the field of every row to `address`, if every row is alike
+        (`fresh`: memory just allocated here, so surely writable)."""
         if capacity == 0:  # nothing to copy; alike or not decides the shape
             return self.alike()
         header = self.layout().header
-        return self._native.gather_into(header, offset, nbytes, address, capacity) is None
+        return self._native.gather_into(header, offset, nbytes, address, capacity, fresh) is None
 
     def _stack(self, name: str) -> np.ndarray:
         arrays = self.arrays(name)

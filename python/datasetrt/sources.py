@@ -211,20 +211,42 @@ class WebDataset:
 
     def tables(self) -> Iterator[pl.DataFrame]:
         """The shards' samples, ``batch_rows`` at a time, in order."""
-        batch: list[tuple[int, str, dict[str, bytes]]] = []
-        size = 0
         for shard, path in enumerate(self.paths):
-            for key, members in self._samples(path):
-                batch.append((shard, key, members))
-                size += sum(map(len, members.values()))
-                if len(batch) >= self.batch_rows or size >= BATCH_BYTES:
-                    yield self._frame(batch)
-                    batch, size = [], 0
-        if batch:
-            yield self._frame(batch)
+            for table in self._batches(path):
+                yield self._frame(shard, table)
+
+    def _batches(self, path: str) -> Iterator[pl.DataFrame]:
+        """One shard's samples a batch at a time: columns ``key``,
+        ``members`` (the sample's extensions) and one binary column per
+        wanted extension (null where a sample lacks it). An uncompressed
+        shard is read natively (members no column wants are skipped, not
+        copied); a compressed one through :mod:`tarfile`."""
+        wanted = [self.data, *self.metadata]
+        if _compressed(path):
+            yield from self._stream_batches(path, wanted)
+            return
+        try:
+            reader = _native.TarSamples(path, wanted, self.batch_rows, BATCH_BYTES)
+            while (batch := next(reader, None)) is not None:
+                yield pl.DataFrame(batch)
+        except (InvalidInputError, OSError) as exc:
+            raise InvalidInputError(f"source {self.name!r}: {_reason(exc, path)}") from None
+
+    def _stream_batches(self, path: str, wanted: list[str]) -> Iterator[pl.DataFrame]:
+        rows: list[tuple[str, dict[str, bytes]]] = []
+        size = 0
+        for key, members in self._samples(path):
+            rows.append((key, members))
+            size += sum(len(members.get(ext, b"")) for ext in wanted)
+            if len(rows) >= self.batch_rows or size >= BATCH_BYTES:
+                yield _members_table(rows, wanted)
+                rows, size = [], 0
+        if rows:
+            yield _members_table(rows, wanted)
 
     def _samples(self, path: str) -> Iterator[tuple[str, dict[str, bytes]]]:
-        """(key, {extension: bytes}) of each sample of one shard, in order."""
+        """(key, {extension: bytes}) of each sample of one compressed shard,
+        in order, read as the native reader reads an uncompressed one."""
         key, members = None, {}
         try:
             with tarfile.open(path, "r|*") as tar:
@@ -250,33 +272,53 @@ class WebDataset:
         if key is not None:
             yield key, members
 
-    def _frame(self, batch: list[tuple[int, str, dict[str, bytes]]]) -> pl.DataFrame:
-        payloads = []
-        for shard, key, members in batch:
-            if self.data not in members:
-                raise InvalidInputError(
-                    f"source {self.name!r}: sample {key!r} of shard {self.paths[shard]!r} has "
-                    f"no {self.data!r} member (it has {sorted(members)})"
-                )
-            payloads.append(members[self.data])
-        columns: dict[str, pl.Series] = {
-            "data": pl.Series(payloads, dtype=pl.Binary),
-            "key": pl.Series([k for _, k, _ in batch], dtype=pl.String),
-            "shard": pl.Series([s for s, _, _ in batch], dtype=pl.Int64),
-        }
+    def _frame(self, shard: int, table: pl.DataFrame) -> pl.DataFrame:
+        data = table[self.data]
+        if data.null_count():
+            row = int(data.is_null().arg_max())
+            members = table["members"][row].split(", ") if table["members"][row] else []
+            raise InvalidInputError(
+                f"source {self.name!r}: sample {table['key'][row]!r} of shard "
+                f"{self.paths[shard]!r} has no {self.data!r} member (it has {members})"
+            )
+        columns = [
+            data.cast(pl.Binary).alias("data"),
+            table["key"],
+            pl.Series("shard", [shard], dtype=pl.Int64).new_from_index(0, len(table)),
+        ]
         for ext, kind in self.metadata.items():
-            values = [self._decode(m.get(ext), kind, ext, s, k) for s, k, m in batch]
-            try:
-                columns[ext.replace(".", "_")] = pl.Series(values, dtype=_DECODE[kind])
-            except OverflowError:
-                raise InvalidInputError(
-                    f"source {self.name!r}: a {ext!r} member holds an integer outside the "
-                    f"64-bit range (shards {_shown(self.paths)})"
-                ) from None
+            column = self._decoded(table[ext], kind, ext, shard, table["key"])
+            columns.append(column.alias(ext.replace(".", "_")))
         return pl.DataFrame(columns)
 
+    def _decoded(
+        self, raw: pl.Series, kind: type, ext: str, shard: int, keys: pl.Series
+    ) -> pl.Series:
+        """A metadata member's column as its type: bytes as they are, text
+        (UTF-8) as str, int or float, null where a sample lacks it."""
+        if kind is bytes:
+            return raw.cast(pl.Binary)
+        try:
+            text = raw.cast(pl.String)
+            if kind is str:
+                return text
+            return text.str.strip_chars().cast(_DECODE[kind], strict=True)
+        except pl.exceptions.PolarsError:
+            pass  # one value is not plain text of its type: Python says which
+        values = [
+            self._decode(v, kind, ext, shard, k)
+            for v, k in zip(raw.to_list(), keys.to_list(), strict=True)
+        ]
+        try:
+            return pl.Series(values, dtype=_DECODE[kind])
+        except OverflowError:
+            raise InvalidInputError(
+                f"source {self.name!r}: a {ext!r} member holds an integer outside the "
+                f"64-bit range (shards {_shown(self.paths)})"
+            ) from None
+
     def _decode(self, raw: bytes | None, kind: type, ext: str, shard: int, key: str) -> Any:
-        if raw is None or kind is bytes:
+        if raw is None:
             return raw
         try:
             text = raw.decode("utf-8")
@@ -286,6 +328,36 @@ class WebDataset:
                 f"source {self.name!r}: member {key}.{ext} of shard {self.paths[shard]!r} is "
                 f"not {kind.__name__} text: {raw[:40]!r}"
             ) from None
+
+
+#: The first bytes of a gzip, bzip2 or xz stream: a shard read through tarfile.
+_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")
+
+
+def _compressed(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(6).startswith(_COMPRESSED)
+    except OSError:
+        return False  # the native reader names the error
+
+
+def _members_table(rows: list[tuple[str, dict[str, bytes]]], wanted: list[str]) -> pl.DataFrame:
+    """The native reader's batch (see ``WebDataset._batches``) of samples
+    read in Python."""
+    columns = {
+        "key": pl.Series([k for k, _ in rows], dtype=pl.String),
+        "members": pl.Series([", ".join(sorted(m)) for _, m in rows], dtype=pl.String),
+    }
+    for ext in wanted:
+        columns[ext] = pl.Series([m.get(ext) for _, m in rows], dtype=pl.Binary)
+    return pl.DataFrame(columns)
+
+
+def _reason(exc: BaseException, path: str) -> str:
+    """An error reading shard `path`, as one line naming it."""
+    text = str(exc)
+    return text if path in text else f"cannot read tar shard {path!r}: {text}"
 
 
 class HuggingFace:

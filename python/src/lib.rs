@@ -14,6 +14,7 @@ mod draws;
 mod error;
 #[cfg(feature = "ffi")]
 mod ffi;
+mod imports;
 mod loader;
 mod remote;
 mod runtime;
@@ -96,6 +97,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<batch::PyBatch>()?;
     m.add_class::<writer::PyCacheWriter>()?;
     m.add_class::<writer::PyWriterSpec>()?;
+    m.add_class::<imports::PyTarSamples>()?;
     m.add_class::<scores::PyScoreWriter>()?;
     #[cfg(feature = "ffi")]
     m.add_class::<ffi::PyTableProvider>()?;

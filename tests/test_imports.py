@@ -451,3 +451,61 @@ def test_what_a_source_reads_is_what_it_shows(tmp_path):
     huge = pl.DataFrame({"data": [b"a"], "id": pl.Series([1 << 63], dtype=pl.UInt64)})
     with pytest.raises(InvalidInputError, match="past the 64-bit signed integers"):
         drt.build(tmp_path / "c4", [Tables("huge", [huge])], progress=False)
+
+
+def test_one_source_split_across_processes_is_the_cache_one_process_writes(tmp_path):
+    """build(processes=3) of one Parquet, one WebDataset and one MDS source
+    (fewer sources than processes): each is written in parts at once and
+    joined; the caches hold what processes=1 writes, record for record,
+    with `shard` and `index` numbered in the whole source, and no parts
+    are left behind."""
+    for k in range(4):
+        rows(9 + k, start=100 * k).write_parquet(tmp_path / f"p{k}.parquet")
+        samples = wds_samples(6 + k, start=100 * k)
+        if k == 0:
+            for _, members in samples:
+                members.pop("txt")  # all null in the first part's column
+        write_shard(tmp_path / f"w{k}.tar", samples)
+
+    def sources():
+        return [
+            drt.sources.Parquet(tmp_path / "p*.parquet", name="pq"),
+            drt.sources.WebDataset(
+                tmp_path / "w*.tar", name="wds", data="jpg", metadata={"cls": int, "txt": str}
+            ),
+            drt.sources.MDS(MDS_FIXTURES / "zstd", name="mds", data="data"),
+        ]
+
+    assert [len(s.split(3)) for s in sources()] == [3, 3, 3]
+    one = drt.build(tmp_path / "one", sources(), progress=False)
+    for source in sources():  # one source at a time: 3 processes, 3 parts each
+        drt.build(tmp_path / "many", [source], processes=3, progress=False)
+    many = drt.open(tmp_path / "many")
+
+    def cached(ds) -> tuple[pl.DataFrame, dict]:
+        """Each record's metadata and payload, by (source, sample_id)."""
+        names = {c["cache_id"]: c["name"] for c in ds.caches}
+        meta = ds.get_metadata()
+        source = pl.Series("source", [names[c] for c in meta["cache_id"]])
+        meta = meta.with_columns(source).drop("cache_id").sort("source", "sample_id")
+        data = {
+            (names[c], s): ds.get_item(c, s).data
+            for c, s in zip(
+                ds.get_metadata()["cache_id"], ds.get_metadata()["sample_id"], strict=True
+            )
+        }
+        return meta, data
+
+    (meta_one, data_one), (meta_many, data_many) = cached(one), cached(many)
+    assert data_one == data_many
+    # the same columns (in the order each dataset's sources first gave them)
+    assert meta_one.equals(meta_many.select(meta_one.columns))
+    assert {"shard", "index", "key", "txt"} <= set(meta_many.columns)
+    wds = meta_many.filter(pl.col("source") == "wds")
+    assert wds["shard"].to_list() == [0] * 6 + [1] * 7 + [2] * 8 + [3] * 9
+    assert wds["txt"][:6].is_null().all() and wds["txt"][6] == "t 100"
+    assert sorted(c["records"] for c in many.caches) == sorted(c["records"] for c in one.caches)
+    assert [p.name for p in (tmp_path / "many").iterdir() if p.name.startswith(".")] == []
+    for name in ("pq", "wds", "mds"):  # written in 3 parts, joined: a shard each
+        assert len(list((tmp_path / "one" / name).glob("shard-*"))) == 1
+        assert len(list((tmp_path / "many" / name).glob("shard-*"))) == 3

@@ -125,7 +125,10 @@ def build(
     (started with ``spawn``, so each source must pickle: define its class
     in a module, not in ``__main__`` of a notebook), each publishing its
     cache when it is done, the native threads (``threads``, by default the
-    cores) shared between them. A source that fails raises its error here;
+    cores) shared between them; with fewer sources than processes, a source
+    that can cut itself (``split``: the sources of :mod:`datasetrt.sources`
+    over several files) is written in parts at once and joined into its one
+    cache (shards moved, not copied). A source that fails raises its error here;
     the caches already published stay, so calling ``build`` again writes
     only the rest. A cache of half a partition's rows or more
     (``$DATASETRT_PARTITION_ROWS``, default 4,194,304) also gets the

@@ -6,6 +6,7 @@ import numbers
 import os
 import pickle
 import queue
+import shutil
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -415,7 +416,11 @@ def build_sources(
     """Cache each ``(name, source)`` under ``local`` (and upload it, when
     ``upload`` is ``(url, storage options, staging dir)``) unless it is
     there already; ``processes`` > 1 writes them in that many spawned
-    processes, each cache published as it finishes. A local cache large
+    processes, each cache published as it finishes. With fewer sources
+    than processes, a source that can cut itself into parts (``split(n)``:
+    the sources of :mod:`datasetrt.sources` over several files) is written
+    as that many parts at once, joined into its one cache as they finish
+    (:func:`split_sources`). A local cache large
     enough to be partitions of its own gets them where ``snapshot_dir``
     (default ``<local>/_snapshots``) keeps snapshots, built by the process
     that wrote it: the first ``open`` links them. ``spec`` says how caches
@@ -438,6 +443,8 @@ def build_sources(
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
+    plan = split_sources(local, sources, processes)
+    tasks = sum(max(1, len(parts)) for _, _, parts in plan)
     bar = Progress(
         f"caching {len(sources)} sources in {processes} processes",
         len(sources),
@@ -445,25 +452,40 @@ def build_sources(
         unit=" caches",
     )
     pool = ProcessPoolExecutor(
-        max_workers=min(processes, len(sources)),
+        max_workers=min(processes, tasks),
         mp_context=multiprocessing.get_context("spawn"),
     )
+    parts_root = local / f".parts-{os.getpid()}"
     try:
-        jobs = [
-            pool.submit(
-                build_source,
-                local,
-                name,
-                source,
-                upload,
-                progress=False,
-                snapshot_dir=snapshot_dir,
-                spec=spec,
-            )
-            for name, source in sources
-        ]
+        jobs, waiting = {}, {}
+        for name, source, parts in plan:
+            if not parts:
+                job = pool.submit(
+                    build_source,
+                    local,
+                    name,
+                    source,
+                    upload,
+                    progress=False,
+                    snapshot_dir=snapshot_dir,
+                    spec=spec,
+                )
+                jobs[job] = name
+                continue
+            waiting[name] = len(parts)
+            for k, part in enumerate(parts):
+                job = pool.submit(write_part, parts_root / name, f"part-{k:05d}", part, spec=spec)
+                jobs[job] = name
         for job in as_completed(jobs):
             job.result()  # a source's error is raised here, as in this process
+            name = jobs[job]
+            if name in waiting:
+                waiting[name] -= 1
+                if waiting[name]:
+                    continue
+                done = sorted((parts_root / name).iterdir())
+                _native.merge_parts(os.fspath(local), name, [os.fspath(p) for p in done])
+                finish_source(local, name, upload, snapshot_dir)
             bar.update(1)
     except BrokenProcessPool as e:
         raise InternalError(
@@ -472,7 +494,35 @@ def build_sources(
         ) from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        shutil.rmtree(parts_root, ignore_errors=True)
         bar.close()
+
+
+def split_sources(
+    local: Path, sources: Sequence[tuple[str, Any]], processes: int
+) -> list[tuple[str, Any, list[Any]]]:
+    """Each ``(name, source)`` with the parts it is written in by
+    ``processes`` processes: none (written whole) unless there are fewer
+    sources than processes and the source, not cached yet, cuts itself
+    (``split(n)``) into two or more."""
+    spare = processes // max(1, len(sources))
+    plan = []
+    for name, source in sources:
+        parts: list[Any] = []
+        split = getattr(source, "split", None)
+        if spare > 1 and callable(split) and not _native.is_cache_dir(local / name):
+            parts = list(split(spare))
+            if len(parts) < 2:
+                parts = []
+        plan.append((name, source, parts))
+    return plan
+
+
+def write_part(root: Path, name: str, source: Any, *, spec: _native.WriterSpec) -> str:
+    """Write one part of a split source as cache `root/name` (in a build
+    process), to be joined with the others by ``_native.merge_parts``."""
+    write_table_source(root, name, source, progress=False, spec=spec)
+    return name
 
 
 def build_source(
@@ -488,12 +538,29 @@ def build_source(
     """Cache one source under ``local`` unless it is published there; upload
     it when ``upload`` says where, else give it its partitions (see
     :func:`build_sources`)."""
+    written = False
     if not _native.is_cache_dir(local / name):
         write = write_table_source if callable(getattr(source, "tables", None)) else write_source
         write(local, name, source, progress=progress, spec=spec)
-        if upload is None:
-            _native.prepare_partitions(local / name, snapshot_dir)
-    if upload is not None:  # every record is checked before the upload
-        url, storage_options, staging_dir = upload
-        _native.publish_staged(url, name, storage_options, staging_dir)
+        written = True
+    finish_source(local, name, upload, snapshot_dir, written=written)
     return name
+
+
+def finish_source(
+    local: Path,
+    name: str,
+    upload: tuple[str, list[tuple[str, str]] | None, str | None] | None,
+    snapshot_dir: str | None,
+    *,
+    written: bool = True,
+) -> None:
+    """What follows a cache written under ``local``: its upload when
+    ``upload`` says where (every record checked first; a cache found there
+    already is uploaded too), else its partitions (see :func:`build_sources`)."""
+    if upload is None:
+        if written:
+            _native.prepare_partitions(local / name, snapshot_dir)
+        return
+    url, storage_options, staging_dir = upload
+    _native.publish_staged(url, name, storage_options, staging_dir)

@@ -293,6 +293,9 @@ def parse(payload: Any, what: str, length: int | None = None) -> Layout:
 #: of fixed shapes has one header, so a batch's layout is parsed once per
 #: cache, not once per batch (a header's bytes decide its layout).
 _LAYOUTS: dict[bytes, Layout] = {}
+#: Bytes of a row read for its header at first: a header of a few fields
+#: is all there (one call), a longer one is read again whole.
+_HEAD = 256
 _LAYOUTS_KEPT = 256
 _LAYOUTS_LOCK = threading.Lock()
 
@@ -340,10 +343,13 @@ class Reader:
             return self._layout
         if row >= len(self._native):
             raise InvalidInputError("an empty batch has no fields")
-        head, size = self._native.payload_head(row, _FIXED.size)
-        if len(head) == _FIXED.size and head[:8] == MAGIC:
-            length = max(_FIXED.unpack(head)[2], _FIXED.size)
-            head, size = self._native.payload_head(row, length)
+        head, size = self._native.payload_head(row, _HEAD)
+        if len(head) >= _FIXED.size and head[:8] == MAGIC:
+            length = max(_FIXED.unpack_from(head)[2], _FIXED.size)
+            if length <= len(head):
+                head = head[:length]
+            elif size > len(head):  # a header of many fields: read it whole
+                head, size = self._native.payload_head(row, length)
         layout = _parsed(head, size)
         if layout is None:
             layout = parse(head, self.label(row), size)
@@ -419,17 +425,18 @@ class Reader:
         dtype, shape, offset, nbytes = self.field(name)
         rows = len(self._native)
         kind = _torch_dtype(dtype, name)
+        size = (rows, *shape)
         if out is not None:
             if (
                 not isinstance(out, torch.Tensor)
                 or out.dtype != kind
-                or tuple(out.shape) != (rows, *shape)
+                or tuple(out.shape) != size
                 or not out.is_contiguous()
                 or out.device.type != "cpu"
             ):
                 raise InvalidInputError(
                     f"out= for field {name!r} must be a contiguous CPU torch tensor of "
-                    f"shape {(rows, *shape)} and dtype {kind}; got {_described(out)}"
+                    f"shape {size} and dtype {kind}; got {_described(out)}"
                 )
         elif pin_memory and not torch.cuda.is_available():
             # as torch's DataLoader does: the same code runs on a machine without one
@@ -438,9 +445,12 @@ class Reader:
                 stacklevel=3,
             )
             pin_memory = False
-        target = (
-            torch.empty((rows, *shape), dtype=kind, pin_memory=pin_memory) if out is None else out
-        )
+        if out is not None:
+            target = out
+        elif pin_memory:
+            target = torch.empty(size, dtype=kind, pin_memory=True)
+        else:
+            target = torch.empty(size, dtype=kind)
         if self._gather(offset, nbytes, target.data_ptr(), rows * nbytes, fresh=out is None):
             return target
         stacked = torch.from_numpy(self._stack(name))

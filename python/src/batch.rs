@@ -148,50 +148,12 @@ fn writable(address: usize, len: usize) -> bool {
     })
 }
 
-/// A gather of at least this many bytes is split over two threads, as
-/// torch's `copy_` splits a copy this size: one core's copy does not reach
-/// the memory's bandwidth (768 KiB: 48 µs on one core here, 16 µs for
-/// `copy_`).
-const PARALLEL_GATHER_BYTES: usize = 256 << 10;
-
 /// Copy bytes `start..start + len` of each row of `data` into `out`, row
-/// after row; the second half of the rows on a thread of `helper`'s pool
-/// when one is given, this thread waiting for it before returning.
-fn gather(
-    data: &BinaryViewArray,
-    start: usize,
-    len: usize,
-    out: &mut [u8],
-    helper: Option<&tokio::runtime::Runtime>,
-) {
-    let rows = data.len();
-    let split = if helper.is_some() { rows / 2 } else { rows };
-    let (mine, theirs) = out.split_at_mut(split * len);
-    let done = helper.map(|rt| {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
-        let (data, at, n) = (data.clone(), theirs.as_mut_ptr() as usize, theirs.len());
-        drop(rt.spawn_blocking(move || {
-            // SAFETY: `theirs`, which this thread alone writes: the caller
-            // does not return before it has finished (below)
-            let theirs = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, n) };
-            copy_rows(&data, split, start, len, theirs);
-            let _ = tx.send(());
-        }));
-        rx
-    });
-    copy_rows(data, 0, start, len, mine);
-    if let Some(done) = done {
-        // returns once the helper has sent, or has ended without (a panic):
-        // either way it no longer writes
-        let _ = done.recv();
-    }
-}
-
-/// Copy bytes `start..start + len` of rows `first..` of `data` into `out`,
-/// one row per `len` bytes.
-fn copy_rows(data: &BinaryViewArray, first: usize, start: usize, len: usize, out: &mut [u8]) {
+/// after row. On one thread: a second one costs more to wake (14 µs
+/// through the runtime's pool, measured) than it saves below a few MiB.
+fn gather(data: &BinaryViewArray, start: usize, len: usize, out: &mut [u8]) {
     for (i, dst) in out.chunks_exact_mut(len).enumerate() {
-        dst.copy_from_slice(&data.value(first + i)[start..start + len]);
+        dst.copy_from_slice(&data.value(i)[start..start + len]);
     }
 }
 
@@ -319,7 +281,7 @@ impl PyBatch {
     /// allocated for this), the kernel is first asked whether the memory is
     /// writable. Returns the first row that is not alike instead, having
     /// written nothing. One call, one pass of checks, then the copy without
-    /// the GIL: a large one on two threads (see [`gather`]).
+    /// the GIL.
     #[pyo3(signature = (header, start, len, address, capacity, fresh = false))]
     #[expect(
         clippy::too_many_arguments,
@@ -353,17 +315,12 @@ impl PyBatch {
                  such as torch.from_numpy of batch.tensor's view of a shard?)",
             ));
         }
-        let helper = if capacity >= PARALLEL_GATHER_BYTES && rows >= 2 {
-            crate::runtime::runtime().ok()
-        } else {
-            None
-        };
         crate::runtime::detach(py, || {
             // SAFETY: the caller holds `capacity` writable bytes at `address`
             // alive for this call; every row's range lies in its payload
             // (checked above).
             let out = unsafe { std::slice::from_raw_parts_mut(address as *mut u8, capacity) };
-            gather(data, start, len, out, helper.as_deref());
+            gather(data, start, len, out);
         })?;
         Ok(None)
     }

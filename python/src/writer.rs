@@ -164,7 +164,12 @@ impl PyCacheWriter {
 
     /// Queue a list of `bytes` records (copied; compressed on native threads).
     fn add(&self, py: Python<'_>, records: &Bound<'_, PyList>) -> PyResult<()> {
-        let mut data = Vec::new();
+        // one allocation of the records' size (a growing vector copies)
+        let size = records
+            .iter()
+            .map(|item| item.cast::<PyBytes>().map_or(0, |b| b.as_bytes().len()))
+            .sum();
+        let mut data = Vec::with_capacity(size);
         let mut ends = Vec::with_capacity(records.len());
         for (i, item) in records.iter().enumerate() {
             let bytes = item.cast::<PyBytes>().map_err(|_| {
@@ -247,4 +252,13 @@ impl PyCacheWriter {
         }
         Ok(())
     }
+}
+
+/// Join the caches `parts` (one source's parts, each written by its own
+/// build process) into the one cache `name` under `root`, as the engine's
+/// `store::merge_parts` does: shards moved, not copied; the parts removed.
+#[pyfunction]
+pub fn merge_parts(py: Python<'_>, root: PathBuf, name: &str, parts: Vec<PathBuf>) -> PyResult<()> {
+    detach(py, || datasetrt::store::merge_parts(&root, name, &parts))?.py()?;
+    Ok(())
 }

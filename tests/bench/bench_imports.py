@@ -12,7 +12,10 @@ what the import adds to the read (the records' copy, checksums, the shard
 writes, the metadata), not zstd's speed. A source read from the page
 cache reads faster than any disk writes, so each format also shows the
 build against writing the same bytes alone (fsynced, as a build's shards
-are): the ceiling the read ratio meets.
+are): the ceiling the read ratio meets. With ``--cold`` the source files
+are dropped from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``,
+as bench_cold does) before every read and every build: both then read the
+disk, as an import of data that lives there does.
 
 The files are made with each format's library where the dev extra has it
 (polars for Parquet, tarfile for WebDataset, ``datasets``, ``pylance``); MDS
@@ -177,6 +180,19 @@ def durable_write(directory: Path, size: int) -> float:
     return elapsed
 
 
+def evict(directory: Path) -> None:
+    """Drop the files under `directory` from the page cache (written back
+    first: only clean pages leave)."""
+    os.sync()
+    for f in directory.rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def build(source: object, root: Path, codec: str) -> float:
     t = time.perf_counter()
     drt.build(root, [source], codec=codec, progress=False)
@@ -194,11 +210,15 @@ def bench(name: str, args: argparse.Namespace) -> float:
         size = sum(f.stat().st_size for f in (tmp / "src").rglob("*") if f.is_file())
         print(
             f"{name}: {n} records of {args.record_kib} KiB, {size / (1 << 30):.2f} GiB "
-            f"on disk, codec={args.codec}"
+            f"on disk, codec={args.codec}, {'cold' if args.cold else 'page-cached'} source"
         )
         reads, builds, writes = [], [], []
         for trial in range(args.trials):
+            if args.cold:
+                evict(tmp / "src")
             reads.append(read_alone(make(f"{name}-v1")))
+            if args.cold:
+                evict(tmp / "src")
             builds.append(build(make(f"{name}-v1"), tmp / f"cache-{trial}", args.codec))
             writes.append(durable_write(tmp, size))
             shutil.rmtree(tmp / f"cache-{trial}")
@@ -229,6 +249,7 @@ def main() -> None:
     p.add_argument("--files", type=int, default=8)
     p.add_argument("--codec", default="none")
     p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--cold", action="store_true", help="read the sources from disk, not memory")
     args = p.parse_args()
     names = list(FORMATS) if args.format == "all" else [args.format]
     ratios = {name: bench(name, args) for name in names}

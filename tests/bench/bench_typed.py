@@ -57,8 +57,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=2000)
     parser.add_argument("--codec", default="zstd")
+    parser.add_argument(
+        "--shape", default="3,64,64", help="each record's uint8 shape (3,224,224: an ImageNet crop)"
+    )
     args = parser.parse_args()
-    shape = (3, 64, 64)
+    shape = tuple(int(d) for d in args.shape.split(","))
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(args.batch * 4)]
 

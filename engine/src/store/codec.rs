@@ -71,6 +71,11 @@ impl Compressor {
         })
     }
 
+    /// The codec this compressor was made for.
+    pub fn codec(&self) -> Codec {
+        self.codec
+    }
+
     pub fn compress_into(&mut self, raw: &[u8], out: &mut Vec<u8>) -> Codec {
         if self.codec == Codec::None || raw.len() < MIN_COMPRESS_LEN {
             out.extend_from_slice(raw);

@@ -35,7 +35,7 @@ pub use format::IndexEntry;
 pub use manifest::Manifest;
 pub use reader::Cache;
 pub use set::CacheSet;
-pub use writer::{CacheWriter, WriterOptions};
+pub use writer::{merge_parts, CacheWriter, WriterOptions};
 
 /// Columns DatasetRT owns in every population: metadata may not use these
 /// keys (`weight` is the sampling weight the catalog keeps).

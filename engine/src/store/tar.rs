@@ -11,7 +11,7 @@
 
 use std::collections::BTreeSet;
 use std::fs::File;
-use std::io::{self, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -30,11 +30,14 @@ const BLOCK: usize = 512;
 /// `members` (Utf8: the sample's extensions, sorted, joined by `", "`) and
 /// one nullable LargeBinary column per wanted extension, named by it: that
 /// member's bytes (the last one, if a sample has two), null where the
-/// sample has none. A batch ends once it holds `batch_rows` samples or
-/// `batch_bytes` bytes of wanted members.
+/// sample has none. A batch holds at most `batch_rows` samples, and ends
+/// before a sample whose first member would take it past `batch_bytes`
+/// (a batch holds one sample at least, whatever its size).
 pub struct TarSamples {
     path: PathBuf,
     input: BufReader<File>,
+    /// the file's length when opened: a skip past it is a truncated shard
+    len: u64,
     wanted: Vec<String>,
     batch_rows: usize,
     batch_bytes: usize,
@@ -72,8 +75,10 @@ impl TarSamples {
         batch_bytes: usize,
     ) -> Result<TarSamples> {
         let file = File::open(path).map_err(Error::io(path))?;
+        let len = file.metadata().map_err(Error::io(path))?.len();
         Ok(TarSamples {
             path: path.to_path_buf(),
+            len,
             input: BufReader::with_capacity(1 << 20, file),
             wanted,
             batch_rows: batch_rows.max(1),
@@ -86,16 +91,24 @@ impl TarSamples {
 
     /// The next batch of samples, or `None` after the last.
     pub fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
+        let mut values = vec![Vec::new(); self.wanted.len()];
+        if let Some(first) = values.first_mut() {
+            // the payloads' room for a whole batch, grown once at most
+            // (untouched room is never committed memory)
+            first.reserve(self.batch_bytes.min(1 << 30));
+        }
         let mut batch = Gathered {
             keys: Vec::new(),
             members: Vec::new(),
-            values: vec![Vec::new(); self.wanted.len()],
+            values,
             ranges: vec![Vec::new(); self.wanted.len()],
             bytes: 0,
         };
         while let Some(member) = self.next_member()? {
             let same = batch.keys.last() == Some(&member.key);
-            if !same && (batch.keys.len() >= self.batch_rows || batch.bytes >= self.batch_bytes) {
+            let full = batch.keys.len() >= self.batch_rows
+                || batch.bytes.saturating_add(member.size as usize) > self.batch_bytes;
+            if !same && !batch.keys.is_empty() && full {
                 self.pending = Some(member);
                 break;
             }
@@ -130,8 +143,7 @@ impl TarSamples {
                     values.truncate(start);
                 }
                 let start = values.len();
-                values.resize(start + size, 0);
-                self.fill(&mut values[start..])?;
+                self.append(values, size)?;
                 batch.ranges[column][sample] = Some((start, start + size));
                 batch.bytes += size;
             }
@@ -314,13 +326,46 @@ impl TarSamples {
         Ok(true)
     }
 
-    fn skip(&mut self, n: u64) -> Result<()> {
-        let copied = io::copy(&mut (&mut self.input).take(n), &mut io::sink())
-            .map_err(Error::io(&self.path))?;
-        self.at += copied;
-        if copied < n {
-            return Err(self.bad(format!("unexpected end of data at byte {}", self.at)));
+    /// Append the next `size` bytes to `values`: what the buffer holds,
+    /// then the rest read from the file straight into the vector's spare
+    /// room (one copy from the page cache, nothing zeroed first).
+    fn append(&mut self, values: &mut Vec<u8>, size: usize) -> Result<()> {
+        values.reserve(size);
+        let held = self.input.buffer();
+        let n = held.len().min(size);
+        values.extend_from_slice(&held[..n]);
+        self.input.consume(n);
+        self.at += n as u64;
+        let rest = (size - n) as u64;
+        if rest > 0 {
+            let got = self
+                .input
+                .get_mut()
+                .take(rest)
+                .read_to_end(values)
+                .map_err(Error::io(&self.path))?;
+            self.at += got as u64;
+            if (got as u64) < rest {
+                return Err(self.bad(format!("unexpected end of data at byte {}", self.at)));
+            }
         }
+        Ok(())
+    }
+
+    /// Skip `n` bytes (a member no column wants, padding): a seek, so a
+    /// large member is never read; one past the file's end is a truncated
+    /// shard.
+    fn skip(&mut self, n: u64) -> Result<()> {
+        let to = self.at + n;
+        if to > self.len {
+            self.at = self.len;
+            return Err(self.bad(format!("unexpected end of data at byte {}", self.len)));
+        }
+        let step = i64::try_from(n).map_err(|_| self.bad(format!("a {n}-byte member")))?;
+        self.input
+            .seek_relative(step)
+            .map_err(Error::io(&self.path))?;
+        self.at = to;
         Ok(())
     }
 

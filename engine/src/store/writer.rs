@@ -211,14 +211,21 @@ impl CacheWriter {
         }
         let mut next = 0;
         while next < column.len() {
-            let (mut data, mut ends) = (Vec::new(), Vec::new());
+            // the chunk's records first, then one allocation of their size:
+            // no copy as a vector grows, no page faulted twice
+            let (first, mut bytes) = (next, 0);
             while next < column.len()
-                && ends.len() < BINARY_CHUNK_RECORDS
-                && data.len() < BINARY_CHUNK_BYTES
+                && next - first < BINARY_CHUNK_RECORDS
+                && bytes < BINARY_CHUNK_BYTES
             {
-                data.extend_from_slice(value(next));
-                ends.push(data.len());
+                bytes += value(next).len();
                 next += 1;
+            }
+            let mut data = Vec::with_capacity(bytes);
+            let mut ends = Vec::with_capacity(next - first);
+            for i in first..next {
+                data.extend_from_slice(value(i));
+                ends.push(data.len());
             }
             self.add_chunk(data, ends)?;
         }
@@ -319,20 +326,179 @@ impl CacheWriter {
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or(0),
         };
-        write_atomic(&staging.join(MANIFEST_FILE), manifest.encode().as_bytes())?;
-        sync_dir(&staging)?;
+        publish(&self.root, &staging, manifest)
+    }
+}
 
-        let final_dir = self.root.join(&name);
-        if final_dir.exists() {
+/// Write `manifest` into `staging` (which holds the rest of its cache) and
+/// publish it under its name in `root`: fsynced, renamed, `root` fsynced.
+fn publish(root: &Path, staging: &Path, manifest: Manifest) -> Result<(Manifest, PathBuf)> {
+    write_atomic(&staging.join(MANIFEST_FILE), manifest.encode().as_bytes())?;
+    sync_dir(staging)?;
+    let final_dir = root.join(&manifest.name);
+    if final_dir.exists() {
+        return Err(Error::invalid(format!(
+            "a cache named {:?} was published at {} while this one was being written",
+            manifest.name,
+            final_dir.display()
+        )));
+    }
+    fs::rename(staging, &final_dir).map_err(Error::io(&final_dir))?;
+    sync_dir(root)?;
+    Ok((manifest, final_dir))
+}
+
+/// Publish the caches `parts` (published cache directories written with
+/// one codec: one source cut into parts, each written by its own process)
+/// as the one cache `name` under `root`, their records in order, part after
+/// part: the cache one writer would have written from the whole source.
+/// Shards are moved, not copied (renamed into the new cache, their header
+/// renumbered); the index and attributes are written anew. A metadata
+/// column that is all null in some parts takes its type from the others;
+/// parts whose columns differ otherwise are invalid input. The parts'
+/// directories are gone afterwards, whether the merge succeeded or not.
+pub fn merge_parts(root: &Path, name: &str, parts: &[PathBuf]) -> Result<(Manifest, PathBuf)> {
+    let merged = merge_into_staging(root, name, parts);
+    for part in parts {
+        let _ = fs::remove_dir_all(part);
+    }
+    let (staging, manifest) = merged?;
+    publish(root, &staging, manifest).inspect_err(|_| {
+        let _ = fs::remove_dir_all(&staging);
+    })
+}
+
+/// The parts of [`merge_parts`] as one cache in a staging directory of
+/// `root`, and its manifest.
+fn merge_into_staging(root: &Path, name: &str, parts: &[PathBuf]) -> Result<(PathBuf, Manifest)> {
+    validate_source_name(name)?;
+    if root.join(name).exists() {
+        return Err(Error::invalid(format!(
+            "a cache named {name:?} already exists at {}",
+            root.join(name).display()
+        )));
+    }
+    let (mut entries, mut attributes, mut shards) = (Vec::new(), Vec::new(), Vec::new());
+    let mut codec = None;
+    for part in parts {
+        let cache = super::Cache::open(part)?;
+        let manifest = cache.manifest();
+        if *codec.get_or_insert(manifest.codec) != manifest.codec {
             return Err(Error::invalid(format!(
-                "a cache named {name:?} was published at {} while this one was being written",
-                final_dir.display()
+                "the parts of {name:?} were written with two codecs"
             )));
         }
-        fs::rename(&staging, &final_dir).map_err(Error::io(&final_dir))?;
-        sync_dir(&self.root)?;
-        Ok((manifest, final_dir))
+        let base = u32::try_from(shards.len())
+            .map_err(|_| Error::invalid(format!("the parts of {name:?} hold too many shards")))?;
+        for s in 0..cache.records() {
+            let mut entry = cache.entry(s)?;
+            entry.shard += base;
+            entries.push(entry);
+        }
+        let stored = cache.attributes()?;
+        attributes.push(stored.project(&(1..stored.num_columns()).collect::<Vec<_>>())?);
+        for (s, &bytes) in manifest.shard_bytes.iter().enumerate() {
+            shards.push((part.join(shard_file_name(s as u32)), bytes));
+        }
     }
+    let attributes = concat_parts(name, &attributes)?;
+    let staging = temp_sibling(&root.join(format!("staging-{name}")));
+    fs::create_dir(&staging).map_err(Error::io(&staging))?;
+    let written = (|| {
+        for (n, (file, _)) in shards.iter().enumerate() {
+            let to = staging.join(shard_file_name(n as u32));
+            fs::rename(file, &to).map_err(Error::io(&to))?;
+            let shard = fs::OpenOptions::new()
+                .write(true)
+                .open(&to)
+                .map_err(Error::io(&to))?;
+            std::os::unix::fs::FileExt::write_all_at(&shard, &encode_shard_header(n as u32), 0)
+                .and_then(|()| shard.sync_all())
+                .map_err(Error::io(&to))?;
+        }
+        let index_crc32c = write_index(&staging, &entries)?;
+        let written = write_attributes(&staging, entries.len() as u64, &attributes)?;
+        Ok::<_, Error>((index_crc32c, written))
+    })();
+    let (index_crc32c, written) = written.inspect_err(|_| {
+        let _ = fs::remove_dir_all(&staging);
+    })?;
+    let manifest = Manifest {
+        name: name.to_string(),
+        cache_id: new_cache_id(name),
+        records: entries.len() as u64,
+        codec: codec.unwrap_or(Codec::None),
+        shard_bytes: shards.iter().map(|&(_, bytes)| bytes).collect(),
+        index_crc32c,
+        attributes_bytes: written.len,
+        attributes_crc32c: written.crc,
+        created_unix_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+    };
+    Ok((staging, manifest))
+}
+
+/// The parts' attributes (without `sample_id`) as one batch: a column that
+/// is all null (type Null) in a part takes the type the other parts give it.
+fn concat_parts(name: &str, parts: &[RecordBatch]) -> Result<RecordBatch> {
+    let Some(first) = parts.first() else {
+        return Ok(RecordBatch::new_empty(Arc::new(Schema::empty())));
+    };
+    let names: Vec<&String> = first
+        .schema_ref()
+        .fields()
+        .iter()
+        .map(|f| f.name())
+        .collect();
+    let mut fields = Vec::with_capacity(names.len());
+    for (i, column) in names.iter().enumerate() {
+        let mut kind = DataType::Null;
+        for part in parts {
+            let field = part
+                .schema_ref()
+                .fields()
+                .get(i)
+                .filter(|f| f.name() == *column);
+            let Some(field) = field.filter(|_| part.num_columns() == names.len()) else {
+                return Err(Error::invalid(format!(
+                    "the parts of {name:?} have other metadata columns"
+                )));
+            };
+            match (&kind, field.data_type()) {
+                (_, DataType::Null) => {}
+                (DataType::Null, other) => kind = other.clone(),
+                (a, b) if a == b => {}
+                (a, b) => {
+                    return Err(Error::invalid(format!(
+                        "metadata column {column:?} of {name:?} is {a} in one part and {b} in \
+                         another"
+                    )))
+                }
+            }
+        }
+        fields.push(Field::new(column.as_str(), kind, true));
+    }
+    let schema = Arc::new(Schema::new(fields));
+    let mut batches = Vec::with_capacity(parts.len());
+    for part in parts {
+        let columns = part
+            .columns()
+            .iter()
+            .zip(schema.fields())
+            .map(|(c, f)| match c.data_type() {
+                DataType::Null => arrow::array::new_null_array(f.data_type(), c.len()),
+                _ => c.clone(),
+            })
+            .collect();
+        batches.push(RecordBatch::try_new_with_options(
+            schema.clone(),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(part.num_rows())),
+        )?);
+    }
+    Ok(arrow::compute::concat_batches(&schema, &batches)?)
 }
 
 /// The `attributes` of source `name`'s `records` records: one row per record
@@ -443,6 +609,21 @@ fn new_cache_id(name: &str) -> i64 {
 }
 
 fn encode_chunk(compressor: &mut Compressor, chunk: Chunk) -> Encoded {
+    if compressor.codec() == Codec::None {
+        // stored as given: the chunk's bytes are the shard's, not copied
+        let mut records = Vec::with_capacity(chunk.ends.len());
+        let mut start = 0;
+        for &end in &chunk.ends {
+            let raw = &chunk.data[start..end];
+            records.push((raw.len() as u32, raw.len() as u32, crc32c(raw), Codec::None));
+            start = end;
+        }
+        return Encoded {
+            id: chunk.id,
+            bytes: chunk.data,
+            records,
+        };
+    }
     let mut bytes = Vec::with_capacity(chunk.data.len() / 2);
     let mut records = Vec::with_capacity(chunk.ends.len());
     let mut start = 0;

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow::array::{Int64Array, RecordBatch, StringArray};
+use arrow::array::{Array, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 use datasetrt::store::{Cache, CacheWriter, Codec, WriterOptions};
 use datasetrt::Error;
@@ -212,4 +212,95 @@ fn damaged_attributes_fail_what_reads_them_not_the_open() {
 
     std::fs::remove_file(cache_dir.join("attributes.arrow.chunks")).unwrap();
     assert_corrupt(Cache::open(&cache_dir).unwrap_err(), &["attributes.arrow"]);
+}
+
+/// Records `range` of [`payload`] as cache `name`, with a metadata column
+/// `note` of type `note` (Null: every value null, as a part of a source
+/// whose values are all `None` there).
+fn write_part(
+    root: &Path,
+    name: &str,
+    range: std::ops::Range<usize>,
+    note: DataType,
+) -> std::path::PathBuf {
+    let options = WriterOptions {
+        shard_target_bytes: 2048,
+        ..WriterOptions::default()
+    };
+    let mut w = CacheWriter::create(root, name, options).unwrap();
+    let (mut data, mut ends) = (Vec::new(), Vec::new());
+    for i in range.clone() {
+        data.extend_from_slice(&payload(i));
+        ends.push(data.len());
+    }
+    w.add_chunk(data, ends).unwrap();
+    let n = range.len();
+    let column: arrow::array::ArrayRef = match note {
+        DataType::Null => Arc::new(arrow::array::NullArray::new(n)),
+        _ => Arc::new(StringArray::from_iter_values(
+            range.map(|i| format!("n{i}")),
+        )),
+    };
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        "note",
+        column.data_type().clone(),
+        true,
+    )]));
+    w.finish(RecordBatch::try_new(schema, vec![column]).unwrap())
+        .unwrap()
+        .1
+}
+
+#[test]
+fn parts_written_apart_merge_into_the_cache_one_writer_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let parts_root = dir.path().join(".parts");
+    let parts = vec![
+        write_part(&parts_root, "p0", 0..40, DataType::Null),
+        write_part(&parts_root, "p1", 40..41, DataType::Utf8),
+        write_part(&parts_root, "p2", 41..120, DataType::Utf8),
+    ];
+    let shards: usize = parts
+        .iter()
+        .map(|p| Cache::open(p).unwrap().manifest().shard_bytes.len())
+        .sum();
+    let (manifest, merged) = datasetrt::store::merge_parts(dir.path(), "whole", &parts).unwrap();
+    assert!(parts.iter().all(|p| !p.exists()), "the parts are gone");
+    let cache = Cache::open(&merged).unwrap();
+    assert_eq!(cache.manifest(), &manifest);
+    assert_eq!((cache.records(), manifest.shard_bytes.len()), (120, shards));
+    cache.check_files().unwrap();
+    for i in 0..120 {
+        assert_eq!(read(&cache, i as u64).unwrap(), payload(i), "record {i}");
+    }
+    let attributes = cache.attributes().unwrap();
+    let ids = attributes
+        .column(0)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap();
+    assert_eq!(ids.values().to_vec(), (0..120).collect::<Vec<i64>>());
+    let notes = attributes
+        .column(1)
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .unwrap();
+    assert_eq!(
+        notes.null_count(),
+        40,
+        "part 0's nulls take the others' type"
+    );
+    assert_eq!(notes.value(40), "n40");
+    assert_eq!(notes.value(119), "n119");
+
+    // parts that disagree: refused, nothing published, the parts removed
+    let a = write_part(&parts_root, "q0", 0..3, DataType::Utf8);
+    let b = write_cache(&parts_root, "q1", 3, WriterOptions::default())
+        .dir()
+        .to_path_buf();
+    let err =
+        datasetrt::store::merge_parts(dir.path(), "mixed", &[a.clone(), b.clone()]).unwrap_err();
+    assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
+    assert!(err.to_string().contains("other metadata columns"), "{err}");
+    assert!(!dir.path().join("mixed").exists() && !a.exists() && !b.exists());
 }

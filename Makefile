@@ -79,7 +79,7 @@ py-test: develop
 # derandomized (failures are saved in tests/hypothesis-examples: commit them).
 fuzz: develop
 	DATASETRT_FUZZ_ITERS=$${DATASETRT_FUZZ_ITERS:-20000} cargo test --workspace --release --test it fuzz
-	DATASETRT_HYPOTHESIS=fuzz $(PY) -m pytest -p no:cacheprovider tests/test_update_properties.py
+	DATASETRT_HYPOTHESIS=fuzz $(PY) -m pytest -p no:cacheprovider tests/test_update_properties.py tests/test_tar_properties.py
 	DATASETRT_SQL_FUZZ=$${DATASETRT_SQL_FUZZ:-5000} $(PY) -m pytest -p no:cacheprovider -rs tests/test_sql_differential.py
 
 # Build a wheel (dev profile: it reuses the build the tests made), install it

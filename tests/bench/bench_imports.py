@@ -15,7 +15,13 @@ build against writing the same bytes alone (fsynced, as a build's shards
 are): the ceiling the read ratio meets. With ``--cold`` the source files
 are dropped from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``,
 as bench_cold does) before every read and every build: both then read the
-disk, as an import of data that lives there does.
+disk, as an import of data that lives there does. With ``--processes N``
+each format's one source is instead built by N processes (cut into N
+parts, written at once, joined into one cache) against one process,
+alternating: the speed-up of ``build(processes=N)`` for a single source.
+
+Format ``memory`` has no files: tables already in memory, so its build
+shows what a build costs beyond any source, against the durable write.
 
 The files are made with each format's library where the dev extra has it
 (polars for Parquet, tarfile for WebDataset, ``datasets``, ``pylance``); MDS
@@ -139,12 +145,34 @@ def make_lance(directory: Path, parts: list[list[bytes]]) -> Callable[[str], obj
     return lambda name: drt.sources.Lance(directory / "d.lance", name=name, data="data")
 
 
+class InMemory:
+    """Tables already in memory: the build's own cost, no source to read
+    (what a build costs beyond its source; against the durable write)."""
+
+    read_ahead = True
+
+    def __init__(self, name: str, frames: list[pl.DataFrame]):
+        self.name, self.frames = name, frames
+
+    def tables(self):
+        yield from self.frames
+
+
+def make_memory(directory: Path, parts: list[list[bytes]]) -> Callable[[str], object]:
+    frames = [
+        pl.DataFrame({"data": pl.Series(data, dtype=pl.Binary), "label": range(len(data))})
+        for data in parts
+    ]
+    return lambda name: InMemory(name, frames)
+
+
 FORMATS = {
     "parquet": make_parquet,
     "webdataset": make_webdataset,
     "mds": make_mds,
     "huggingface": make_huggingface,
     "lance": make_lance,
+    "memory": make_memory,
 }
 
 
@@ -193,10 +221,41 @@ def evict(directory: Path) -> None:
                 os.close(fd)
 
 
-def build(source: object, root: Path, codec: str) -> float:
+def build(source: object, root: Path, codec: str, processes: int = 1) -> float:
     t = time.perf_counter()
-    drt.build(root, [source], codec=codec, progress=False)
+    drt.build(root, [source], codec=codec, progress=False, processes=processes)
     return time.perf_counter() - t
+
+
+def bench_split(name: str, args: argparse.Namespace) -> float:
+    """One source built by ``processes=N`` (cut into N parts, written at
+    once, joined) against the same source by one process, alternating."""
+    with tempfile.TemporaryDirectory(prefix=f"drt-split-{name}-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "src").mkdir()
+        parts = payloads(int(args.gib * (1 << 30)), args.record_kib << 10, args.files)
+        make = FORMATS[name](tmp / "src", parts)
+        del parts
+        print(f"{name}: one source of {args.files} files, codec={args.codec}")
+        one, many = [], []
+        for trial in range(args.trials):
+            one.append(build(make(f"{name}-v1"), tmp / f"one-{trial}", args.codec))
+            shutil.rmtree(tmp / f"one-{trial}")
+            many.append(
+                build(make(f"{name}-v1"), tmp / f"many-{trial}", args.codec, args.processes)
+            )
+            shutil.rmtree(tmp / f"many-{trial}")
+        for what, times in (("1 process", one), (f"{args.processes} processes", many)):
+            print(
+                f"  {what:>12}: median {statistics.median(times):.2f} s, "
+                f"trials {', '.join(f'{t:.2f}' for t in times)}"
+            )
+        speedup = [a / b for a, b in zip(one, many, strict=True)]
+        print(
+            f"  speed-up of processes={args.processes}: median {statistics.median(speedup):.2f}x "
+            f"(trials {min(speedup):.2f}-{max(speedup):.2f}x)"
+        )
+        return statistics.median(speedup)
 
 
 def bench(name: str, args: argparse.Namespace) -> float:
@@ -208,6 +267,7 @@ def bench(name: str, args: argparse.Namespace) -> float:
         make = FORMATS[name](tmp / "src", parts)
         del parts
         size = sum(f.stat().st_size for f in (tmp / "src").rglob("*") if f.is_file())
+        size = size or n * (args.record_kib << 10)  # in memory: the payloads
         print(
             f"{name}: {n} records of {args.record_kib} KiB, {size / (1 << 30):.2f} GiB "
             f"on disk, codec={args.codec}, {'cold' if args.cold else 'page-cached'} source"
@@ -250,8 +310,19 @@ def main() -> None:
     p.add_argument("--codec", default="none")
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--cold", action="store_true", help="read the sources from disk, not memory")
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="above 1: one source split over this many processes against one process",
+    )
     args = p.parse_args()
     names = list(FORMATS) if args.format == "all" else [args.format]
+    if args.processes > 1:
+        names = [n for n in names if n not in ("lance", "memory")]  # these do not split
+        ratios = {name: bench_split(name, args) for name in names}
+        print("median speed-ups: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+        return
     ratios = {name: bench(name, args) for name in names}
     print("median ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
 

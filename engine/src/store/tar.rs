@@ -132,9 +132,15 @@ impl TarSamples {
         batch.members[sample].insert(member.ext.clone());
         match self.wanted.iter().position(|w| *w == member.ext) {
             Some(column) => {
-                let size = usize::try_from(member.size).map_err(|_| {
-                    self.bad(format!("member {}.{} is too large", member.key, member.ext))
-                })?;
+                if member.size > self.len.saturating_sub(self.at) {
+                    // checked before any room is taken for it: a damaged
+                    // size field must not become a huge allocation
+                    return Err(self.bad(format!(
+                        "member {}.{} of {} bytes runs past the end of the file (byte {})",
+                        member.key, member.ext, member.size, self.len
+                    )));
+                }
+                let size = member.size as usize;
                 let values = &mut batch.values[column];
                 if let Some((start, _)) = batch.ranges[column][sample] {
                     // a second member of one extension: the last one counts

@@ -401,3 +401,58 @@ fn a_mutated_snapshot_manifest_or_head_is_refused_or_reads_the_same() {
         }
     });
 }
+
+/// A ustar member header for `name` of `size` bytes (type `kind`).
+fn tar_header(name: &str, size: usize, kind: u8) -> [u8; 512] {
+    let mut h = [0u8; 512];
+    h[..name.len()].copy_from_slice(name.as_bytes());
+    h[100..108].copy_from_slice(b"0000644\0");
+    h[124..136].copy_from_slice(format!("{size:011o}\0").as_bytes());
+    h[156] = kind;
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    h[148..156].copy_from_slice(b"        ");
+    let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+    h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    h
+}
+
+/// WebDataset tar shards (foreign files, no checksum of ours): a mutated
+/// shard is refused as invalid input or read into valid batches of whole
+/// samples, never a panic and never an allocation its file cannot fill.
+#[test]
+fn a_mutated_tar_shard_never_panics_the_reader() {
+    use datasetrt::store::tar::TarSamples;
+    let mut good = Vec::new();
+    for i in 0..6 {
+        for (ext, size) in [("jpg", 700 + i * 37), ("cls", 1), ("txt", 20)] {
+            good.extend_from_slice(&tar_header(&format!("d/s{i}.{ext}"), size, b'0'));
+            good.extend((0..size).map(|b| b as u8));
+            good.resize(good.len().div_ceil(512) * 512, 0);
+        }
+    }
+    good.extend_from_slice(&tar_header("d/sub", 0, b'5'));
+    good.extend_from_slice(&[0u8; 1024]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shard.tar");
+    std::fs::write(&path, &good).unwrap();
+    let read = |path: &Path| -> datasetrt::Result<u64> {
+        let wanted = vec!["jpg".to_string(), "cls".to_string()];
+        let mut samples = TarSamples::open(path, wanted, 4, 1 << 20)?;
+        let mut n = 0;
+        while let Some(batch) = samples.next_batch()? {
+            assert_eq!(batch.num_columns(), 4);
+            n += batch.num_rows() as u64;
+        }
+        Ok(n)
+    };
+    assert_eq!(read(&path).unwrap(), 6);
+    fuzz("tar shard (no checksum)", 11, &good, |input| {
+        std::fs::write(&path, input).unwrap();
+        match read(&path) {
+            Ok(_) => Read::Decoded,
+            Err(datasetrt::Error::InvalidInput { .. }) => Read::Refused,
+            Err(e) => panic!("a mutated tar gave {e}, not invalid input"),
+        }
+    });
+}

@@ -293,6 +293,9 @@ def parse(payload: Any, what: str, length: int | None = None) -> Layout:
 #: of fixed shapes has one header, so a batch's layout is parsed once per
 #: cache, not once per batch (a header's bytes decide its layout).
 _LAYOUTS: dict[bytes, Layout] = {}
+#: The layout of the last batch read (in a list: one reference, replaced
+#: whole): a batch of the same cache is checked against its header first.
+_LAST: list[Layout | None] = [None]
 #: Bytes of a row read for its header at first: a header of a few fields
 #: is all there (one call), a longer one is read again whole.
 _HEAD = 256
@@ -343,6 +346,16 @@ class Reader:
             return self._layout
         if row >= len(self._native):
             raise InvalidInputError("an empty batch has no fields")
+        last = _LAST[0]
+        if (
+            row == 0
+            and last is not None
+            and self._native.first_unlike(last.header, last.end) is None
+        ):
+            # every row has the last batch's header, and so its layout: one
+            # native pass over the rows, no header read or parsed
+            self._layout = last
+            return last
         head, size = self._native.payload_head(row, _HEAD)
         if len(head) >= _FIXED.size and head[:8] == MAGIC:
             length = max(_FIXED.unpack_from(head)[2], _FIXED.size)
@@ -355,7 +368,7 @@ class Reader:
             layout = parse(head, self.label(row), size)
             _remember(layout)
         if row == 0:
-            self._layout = layout
+            self._layout = _LAST[0] = layout
         return layout
 
     def field(self, name: str, row: int = 0) -> tuple[Any, tuple[int, ...], int, int]:

@@ -256,8 +256,7 @@ class WebDataset:
             yield from self._stream_batches(path, wanted)
             return
         try:
-            reader = _native.TarSamples(path, wanted, self.batch_rows, _TAR_BATCH_BYTES)
-            while (batch := next(reader, None)) is not None:
+            for batch in _native.TarSamples(path, wanted, self.batch_rows, _TAR_BATCH_BYTES):
                 yield pl.DataFrame(batch)
         except (InvalidInputError, OSError) as exc:
             raise InvalidInputError(f"source {self.name!r}: {_reason(exc, path)}") from None

@@ -509,3 +509,22 @@ def test_one_source_split_across_processes_is_the_cache_one_process_writes(tmp_p
     for name in ("pq", "wds", "mds"):  # written in 3 parts, joined: a shard each
         assert len(list((tmp_path / "one" / name).glob("shard-*"))) == 1
         assert len(list((tmp_path / "many" / name).glob("shard-*"))) == 3
+
+
+def test_a_split_source_with_empty_files_is_built_from_the_rest(tmp_path):
+    """Empty Parquet files (as Spark writes them) are parts without samples:
+    processes=3 builds what processes=1 builds, and a source of empty files
+    only is an error naming the source, as it is in one process."""
+    rows(5).write_parquet(tmp_path / "a.parquet")
+    rows(0).write_parquet(tmp_path / "b.parquet")
+    rows(4, start=5).write_parquet(tmp_path / "c.parquet")
+    src = drt.sources.Parquet(tmp_path / "*.parquet", name="pq")
+    ds = drt.build(tmp_path / "c", [src], processes=3, progress=False)
+    assert len(list((tmp_path / "c" / "pq").glob("shard-*"))) == 2  # two parts joined
+    assert ds.get_metadata().sort("sample_id")["label"].to_list() == [i % 10 for i in range(9)]
+    assert [p.name for p in (tmp_path / "c").iterdir() if p.name.startswith(".")] == []
+    rows(0).write_parquet(tmp_path / "empty" / "x.parquet", mkdir=True)
+    rows(0).write_parquet(tmp_path / "empty" / "y.parquet")
+    empty = drt.sources.Parquet(tmp_path / "empty" / "*.parquet", name="none")
+    with pytest.raises(InvalidInputError, match="source 'none' yielded no samples"):
+        drt.build(tmp_path / "d", [empty], processes=2, progress=False)

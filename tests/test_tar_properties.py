@@ -2,7 +2,8 @@
 native reader finds are those Python's own tarfile finds (the reader a
 compressed shard still goes through), in ustar, GNU and pax layouts, with
 long and non-ASCII names, directories, links, hidden and extensionless
-files, and one extension twice in a sample. Derandomized in `make test`,
+files, and one extension twice in a sample; directories and links whose
+size field is not zero carry no data. Derandomized in `make test`,
 randomized at ten times the count in `make fuzz`."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from datasetrt.exceptions import InvalidInputError
 FOLDERS = ["", "train", "a//b", "d" * 120, "ünï/cödé"]
 STEMS = ["s0", "s1", "Ab", "ü"]
 EXTS = ["jpg", "JPG", "cls", "seg.png", "txt"]
-KINDS = ["file", "file", "file", "file", "dir", "link", "hidden", "plain"]
+KINDS = ["file", "file", "file", "file", "dir", "link", "hardlink", "hidden", "plain"]
 
 entries = st.lists(
     st.tuples(
@@ -47,11 +48,12 @@ def write(path, layout, items) -> None:
             elif kind == "plain":
                 name = f"{folder}/{stem}" if folder else stem
             info = tarfile.TarInfo(name)
-            if kind == "dir":
-                info.type = tarfile.DIRTYPE
+            if kind == "dir":  # a size field, but no data (as POSIX allows)
+                info.type, info.size = tarfile.DIRTYPE, size
                 tar.addfile(info)
-            elif kind == "link":
-                info.type, info.linkname = tarfile.SYMTYPE, "elsewhere/" + "l" * 120
+            elif kind in ("link", "hardlink"):
+                info.type = tarfile.SYMTYPE if kind == "link" else tarfile.LNKTYPE
+                info.linkname, info.size = "elsewhere/" + "l" * 120, size
                 tar.addfile(info)
             else:
                 info.size = size
@@ -90,6 +92,12 @@ def test_a_damaged_tar_is_invalid_input_naming_the_shard(tmp_path):
     good = tmp_path / "good.tar"
     write(good, tarfile.GNU_FORMAT, [("", "s0", "jpg", 700, "file")] * 2)
     raw = good.read_bytes()
+    latin = {"format": tarfile.GNU_FORMAT, "encoding": "latin-1"}
+    with tarfile.open(tmp_path / "l1.tar", "w", **latin) as tar:
+        info = tarfile.TarInfo("caf\xe9.jpg")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    latin1 = (tmp_path / "l1.tar").read_bytes()
     src = drt.sources.WebDataset(good, name="d", data="jpg")
     assert [len(b) for b in src._batches(str(good))] == [1]
     cases = {
@@ -98,6 +106,7 @@ def test_a_damaged_tar_is_invalid_input_naming_the_shard(tmp_path):
         "cut-header.tar": raw[: 1536 + 100],
         "not-a-tar.tar": b"x" * 2048,
         "bad-size.tar": raw[:124] + b"9" * 11 + raw[135:],
+        "latin-1.tar": latin1,
     }
     for name, data in cases.items():
         (tmp_path / name).write_bytes(data)

@@ -281,10 +281,14 @@ def _writing(writer: _native.CacheWriter, name: str, total: int | None, progress
         bar.close()
 
 
+class NoSamples(InvalidInputError):
+    """A source (or a part of one) that yielded no samples."""
+
+
 def _publish(writer: Any, name: str, records: int, metadata: pl.DataFrame) -> dict[str, Any]:
     """Publish `records` records with their metadata (a frame without columns: none)."""
     if records == 0:
-        raise InvalidInputError(f"source {name!r} yielded no samples")
+        raise NoSamples(f"source {name!r} yielded no samples")
     attributes, nulls = arrow_stream(metadata, "build()")
     return writer.finish(attributes, nulls=nulls)
 
@@ -419,12 +423,12 @@ def build_sources(
     processes, each cache published as it finishes. With fewer sources
     than processes, a source that can cut itself into parts (``split(n)``:
     the sources of :mod:`datasetrt.sources` over several files) is written
-    as that many parts at once, joined into its one cache as they finish
-    (:func:`split_sources`). A local cache large
+    as that many parts at once, and joined into its one cache here once all
+    its parts are written (:func:`split_sources`). A local cache large
     enough to be partitions of its own gets them where ``snapshot_dir``
     (default ``<local>/_snapshots``) keeps snapshots, built by the process
-    that wrote it: the first ``open`` links them. ``spec`` says how caches
-    are written."""
+    that wrote it (here, for a source written in parts): the first ``open``
+    links them. ``spec`` says how caches are written."""
     if processes == 1:
         for name, source in sources:
             build_source(
@@ -455,7 +459,9 @@ def build_sources(
         max_workers=min(processes, tasks),
         mp_context=multiprocessing.get_context("spawn"),
     )
-    parts_root = local / f".parts-{os.getpid()}"
+    # a temporary name of the engine's: a build that dies leaves it to the
+    # next writer or open of this root, which removes it
+    parts_root = Path(_native.temp_dir(os.fspath(local), "parts"))
     try:
         jobs, waiting = {}, {}
         for name, source, parts in plan:
@@ -474,7 +480,7 @@ def build_sources(
                 continue
             waiting[name] = len(parts)
             for k, part in enumerate(parts):
-                job = pool.submit(write_part, parts_root / name, f"part-{k:05d}", part, spec=spec)
+                job = pool.submit(write_part, parts_root / name, f"{name}.part-{k:05d}", part, spec)
                 jobs[job] = name
         for job in as_completed(jobs):
             job.result()  # a source's error is raised here, as in this process
@@ -483,7 +489,9 @@ def build_sources(
                 waiting[name] -= 1
                 if waiting[name]:
                     continue
-                done = sorted((parts_root / name).iterdir())
+                done = sorted((parts_root / name).iterdir()) if (parts_root / name).exists() else []
+                if not done:  # every part was empty
+                    raise InvalidInputError(f"source {name!r} yielded no samples")
                 _native.merge_parts(os.fspath(local), name, [os.fspath(p) for p in done])
                 finish_source(local, name, upload, snapshot_dir)
             bar.update(1)
@@ -510,7 +518,8 @@ def split_sources(
     for name, source in sources:
         parts: list[Any] = []
         split = getattr(source, "split", None)
-        if spare > 1 and callable(split) and not _native.is_cache_dir(local / name):
+        tables = callable(getattr(source, "tables", None))  # a table source's parts
+        if spare > 1 and tables and callable(split) and not _native.is_cache_dir(local / name):
             parts = list(split(spare))
             if len(parts) < 2:
                 parts = []
@@ -518,10 +527,14 @@ def split_sources(
     return plan
 
 
-def write_part(root: Path, name: str, source: Any, *, spec: _native.WriterSpec) -> str:
+def write_part(root: Path, name: str, source: Any, spec: _native.WriterSpec) -> str | None:
     """Write one part of a split source as cache `root/name` (in a build
-    process), to be joined with the others by ``_native.merge_parts``."""
-    write_table_source(root, name, source, progress=False, spec=spec)
+    process), to be joined with the others by ``_native.merge_parts``;
+    ``None`` (nothing written) for a part without samples (an empty file)."""
+    try:
+        write_table_source(root, name, source, progress=False, spec=spec)
+    except NoSamples:
+        return None
     return name
 
 

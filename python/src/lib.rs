@@ -113,6 +113,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(spec::_loader_spec, m)?)?;
     m.add_function(wrap_pyfunction!(writer::_writer_spec, m)?)?;
     m.add_function(wrap_pyfunction!(writer::merge_parts, m)?)?;
+    m.add_function(wrap_pyfunction!(writer::temp_dir, m)?)?;
     m.add_function(wrap_pyfunction!(scores::read_score_run, m)?)?;
     m.add_function(wrap_pyfunction!(scores::score_segments, m)?)?;
     m.add_function(wrap_pyfunction!(scores::check_score_segment, m)?)?;

@@ -262,3 +262,18 @@ pub fn merge_parts(py: Python<'_>, root: PathBuf, name: &str, parts: Vec<PathBuf
     detach(py, || datasetrt::store::merge_parts(&root, name, &parts))?.py()?;
     Ok(())
 }
+
+/// Create and return a temporary directory in `root` named as the engine
+/// names its own (`store::fs::temp_sibling` of `root/name`): a process that
+/// dies leaves it to the next writer or open of `root`, which removes it.
+#[pyfunction]
+pub fn temp_dir(root: PathBuf, name: &str) -> PyResult<PathBuf> {
+    let dir = datasetrt::store::fs::temp_sibling(&root.join(name));
+    std::fs::create_dir_all(&dir).map_err(|e| {
+        crate::error::to_py(datasetrt::Error::Io {
+            path: dir.clone(),
+            source: e,
+        })
+    })?;
+    Ok(dir)
+}

@@ -24,10 +24,15 @@ use crate::error::{Error, Result};
 
 const BLOCK: usize = 512;
 
+/// The columns a batch holds beside one per extension: names no extension
+/// can have (an extension holds no `/`).
+pub const KEY: &str = "/key";
+pub const MEMBERS: &str = "/members";
+
 /// The samples of one tar shard, a batch at a time (see the module).
 ///
-/// Each batch holds whole samples, in order: column `key` (Utf8), column
-/// `members` (Utf8: the sample's extensions, sorted, joined by `", "`) and
+/// Each batch holds whole samples, in order: column [`KEY`] (Utf8), column
+/// [`MEMBERS`] (Utf8: the sample's extensions, sorted, joined by `", "`) and
 /// one nullable LargeBinary column per wanted extension, named by it: that
 /// member's bytes (the last one, if a sample has two), null where the
 /// sample has none. A batch holds at most `batch_rows` samples, and ends
@@ -43,8 +48,17 @@ pub struct TarSamples {
     batch_bytes: usize,
     /// the header of a member already read that starts the next batch
     pending: Option<Member>,
+    /// the archive's global pax header (type `g`), applied to every later member
+    global: Pax,
     at: u64,
     done: bool,
+}
+
+/// What a pax header says of the members it applies to.
+#[derive(Default)]
+struct Pax {
+    path: Option<String>,
+    size: Option<u64>,
 }
 
 /// A regular file's name (split into key and extension) and size, its data
@@ -84,6 +98,7 @@ impl TarSamples {
             batch_rows: batch_rows.max(1),
             batch_bytes: batch_bytes.max(1),
             pending: None,
+            global: Pax::default(),
             at: 0,
             done: false,
         })
@@ -160,8 +175,8 @@ impl TarSamples {
 
     fn to_arrow(&self, batch: Gathered) -> Result<RecordBatch> {
         let mut fields = vec![
-            Field::new("key", DataType::Utf8, false),
-            Field::new("members", DataType::Utf8, false),
+            Field::new(KEY, DataType::Utf8, false),
+            Field::new(MEMBERS, DataType::Utf8, false),
         ];
         let members: Vec<String> = batch
             .members
@@ -181,12 +196,15 @@ impl TarSamples {
     }
 
     /// The next regular file with a sample's name, or `None` at the end of
-    /// the archive; every other entry is skipped.
+    /// the archive; every other entry is skipped, as Python's `tarfile`
+    /// reads them: its data (if its type has any) skipped unread, a name
+    /// from (in this order) a pax header before it, a GNU long name, the
+    /// archive's global pax header, its own header.
     fn next_member(&mut self) -> Result<Option<Member>> {
         if let Some(member) = self.pending.take() {
             return Ok(Some(member));
         }
-        let (mut long_name, mut pax_path, mut pax_size) = (None, None, None);
+        let (mut long_name, mut local) = (None, Pax::default());
         while !self.done {
             let mut header = [0u8; BLOCK];
             let first = self.at;
@@ -199,41 +217,39 @@ impl TarSamples {
                 break;
             }
             self.check_sum(&header, first)?;
-            let size = match pax_size.take() {
+            let size = match local.size.take().or(self.global.size) {
                 Some(size) => size,
                 None => self.octal(&header[124..136], first)?,
             };
             let kind = header[156];
             match kind {
                 b'L' => long_name = Some(self.text(size)?),
-                b'x' => {
-                    let records = self.text(size)?;
-                    for (key, value) in pax_records(&records) {
-                        match key {
-                            "path" => pax_path = Some(value.to_string()),
-                            "size" => {
-                                pax_size = Some(value.parse().map_err(|_| {
-                                    self.bad(format!(
-                                        "a pax header at byte {first} has size {value:?}"
-                                    ))
-                                })?)
-                            }
-                            _ => {}
-                        }
-                    }
+                b'K' => drop(self.text(size)?), // a long link name: no sample's
+                b'x' | b'X' => local = self.pax(size, first)?,
+                b'g' => {
+                    let global = self.pax(size, first)?;
+                    self.global.path = global.path.or(self.global.path.take());
+                    self.global.size = global.size.or(self.global.size);
                 }
                 _ => {
-                    let name = pax_path
-                        .take()
-                        .or_else(|| long_name.take())
-                        .unwrap_or_else(|| header_name(&header));
-                    let file = matches!(kind, b'0' | b'7') || (kind == 0 && !name.ends_with('/'));
+                    let name = match local.path.take().or(long_name.take()) {
+                        Some(name) => name,
+                        None => match &self.global.path {
+                            Some(name) => name.clone(),
+                            None => self.header_name(&header, first)?,
+                        },
+                    };
                     if kind == b'S' {
                         return Err(self.bad(format!("member {name:?} is a GNU sparse file")));
                     }
+                    let file = matches!(kind, b'0' | b'7') || (kind == 0 && !name.ends_with('/'));
+                    // links, devices, FIFOs and directories have no data,
+                    // whatever their size says; a type tarfile does not know has
+                    let data = file || !(b'1'..=b'6').contains(&kind) && kind != 0;
                     match sample_name(&name) {
                         Some((key, ext)) if file => return Ok(Some(Member { key, ext, size })),
-                        _ => self.skip(size + padding(size))?,
+                        _ if data => self.skip_member(size)?,
+                        _ => {}
                     }
                 }
             }
@@ -241,16 +257,70 @@ impl TarSamples {
         Ok(None)
     }
 
+    /// The `path` and `size` of a pax header of `size` bytes at byte `at`.
+    fn pax(&mut self, size: u64, at: u64) -> Result<Pax> {
+        let mut pax = Pax::default();
+        for (key, value) in pax_records(&self.text(size)?) {
+            match key {
+                "path" => pax.path = Some(value.to_string()),
+                "size" => {
+                    pax.size = Some(value.parse().map_err(|_| {
+                        self.bad(format!("a pax header at byte {at} has size {value:?}"))
+                    })?)
+                }
+                _ => {}
+            }
+        }
+        Ok(pax)
+    }
+
+    /// A ustar header's name: `prefix/name` when the magic is POSIX's.
+    fn header_name(&self, header: &[u8; BLOCK], at: u64) -> Result<String> {
+        let field = |range: std::ops::Range<usize>| {
+            let bytes = &header[range];
+            let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+            self.utf8(&bytes[..end], at)
+        };
+        let name = field(0..100)?;
+        if &header[257..263] == b"ustar\0" {
+            let prefix = field(345..500)?;
+            if !prefix.is_empty() {
+                return Ok(format!("{prefix}/{name}"));
+            }
+        }
+        Ok(name)
+    }
+
+    /// A member's name as text: a name that is not UTF-8 is refused (read
+    /// lossily, two names could become one key, merging their samples).
+    fn utf8(&self, bytes: &[u8], at: u64) -> Result<String> {
+        String::from_utf8(bytes.to_vec()).map_err(|_| {
+            self.bad(format!(
+                "the member at byte {at} has a name that is not UTF-8: {}",
+                String::from_utf8_lossy(bytes)
+            ))
+        })
+    }
+
     /// A GNU long name or pax header's data (and its padding), as text.
     fn text(&mut self, size: u64) -> Result<String> {
+        let at = self.at;
         if size > 1 << 20 {
-            return Err(self.bad(format!("a {size}-byte name or pax header")));
+            return Err(self.bad(format!("a {size}-byte name or pax header at byte {at}")));
         }
         let mut data = vec![0u8; size as usize];
         self.fill(&mut data)?;
         self.skip(padding(size))?;
         let end = data.iter().position(|&b| b == 0).unwrap_or(data.len());
-        Ok(String::from_utf8_lossy(&data[..end]).into_owned())
+        self.utf8(&data[..end], at)
+    }
+
+    /// Skip a member's data and padding, unread.
+    fn skip_member(&mut self, size: u64) -> Result<()> {
+        match size.checked_add(padding(size)) {
+            Some(n) => self.skip(n),
+            None => Err(self.bad(format!("a member of {size} bytes at byte {}", self.at))),
+        }
     }
 
     fn check_sum(&self, header: &[u8; BLOCK], at: u64) -> Result<()> {
@@ -362,7 +432,7 @@ impl TarSamples {
     /// large member is never read; one past the file's end is a truncated
     /// shard.
     fn skip(&mut self, n: u64) -> Result<()> {
-        let to = self.at + n;
+        let to = self.at.saturating_add(n);
         if to > self.len {
             self.at = self.len;
             return Err(self.bad(format!("unexpected end of data at byte {}", self.len)));
@@ -386,23 +456,6 @@ impl TarSamples {
 /// Bytes from the end of `size` bytes of data to the next block.
 fn padding(size: u64) -> u64 {
     (BLOCK as u64 - size % BLOCK as u64) % BLOCK as u64
-}
-
-/// A ustar header's name: `prefix/name` when the magic is POSIX's.
-fn header_name(header: &[u8; BLOCK]) -> String {
-    let field = |range: std::ops::Range<usize>| {
-        let bytes = &header[range];
-        let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-        String::from_utf8_lossy(&bytes[..end]).into_owned()
-    };
-    let name = field(0..100);
-    if &header[257..263] == b"ustar\0" {
-        let prefix = field(345..500);
-        if !prefix.is_empty() {
-            return format!("{prefix}/{name}");
-        }
-    }
-    name
 }
 
 /// `(key, value)` of each record `"<len> <key>=<value>\n"` of a pax header.

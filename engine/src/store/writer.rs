@@ -452,6 +452,11 @@ fn concat_parts(name: &str, parts: &[RecordBatch]) -> Result<RecordBatch> {
         .iter()
         .map(|f| f.name())
         .collect();
+    if parts.iter().any(|p| p.num_columns() != names.len()) {
+        return Err(Error::invalid(format!(
+            "the parts of {name:?} have other metadata columns"
+        )));
+    }
     let mut fields = Vec::with_capacity(names.len());
     for (i, column) in names.iter().enumerate() {
         let mut kind = DataType::Null;
@@ -461,7 +466,7 @@ fn concat_parts(name: &str, parts: &[RecordBatch]) -> Result<RecordBatch> {
                 .fields()
                 .get(i)
                 .filter(|f| f.name() == *column);
-            let Some(field) = field.filter(|_| part.num_columns() == names.len()) else {
+            let Some(field) = field else {
                 return Err(Error::invalid(format!(
                     "the parts of {name:?} have other metadata columns"
                 )));

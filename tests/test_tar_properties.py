@@ -8,6 +8,7 @@ randomized at ten times the count in `make fuzz`."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import tarfile
 
@@ -98,6 +99,8 @@ def test_a_damaged_tar_is_invalid_input_naming_the_shard(tmp_path):
         info.size = 1
         tar.addfile(info, io.BytesIO(b"x"))
     latin1 = (tmp_path / "l1.tar").read_bytes()
+    with gzip.open(tmp_path / "latin-1.tar.gz", "wb") as gz:  # read through tarfile
+        gz.write(latin1)
     src = drt.sources.WebDataset(good, name="d", data="jpg")
     assert [len(b) for b in src._batches(str(good))] == [1]
     cases = {
@@ -110,6 +113,7 @@ def test_a_damaged_tar_is_invalid_input_naming_the_shard(tmp_path):
     }
     for name, data in cases.items():
         (tmp_path / name).write_bytes(data)
+    for name in [*cases, "latin-1.tar.gz"]:
         src = drt.sources.WebDataset(tmp_path / name, name="d", data="jpg")
         with pytest.raises(InvalidInputError, match=rf"source 'd': cannot read tar shard .*{name}"):
             drt.build(tmp_path / "c", [src], progress=False)

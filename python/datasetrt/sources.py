@@ -282,6 +282,8 @@ class WebDataset:
                 for member in tar:
                     if not member.isfile():
                         continue
+                    if not member.name.isascii():
+                        _check_utf8(member.name, self.name, path)
                     folder, base = posixpath.split(member.name)
                     stem, dot, ext = base.partition(".")
                     if not dot or base.startswith("."):
@@ -382,6 +384,19 @@ def _compressed(path: str) -> bool:
 
 #: The tar readers' columns beside one per extension (no extension has a "/").
 _KEY, _MEMBERS = "/key", "/members"
+
+
+def _check_utf8(name: str, source: str, path: str) -> None:
+    """A member name tarfile decoded with surrogates (bytes that are not
+    UTF-8) is refused, as the native reader refuses it."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        raise InvalidInputError(
+            f"source {source!r}: cannot read tar shard {path!r}: member {shown!r} has a name "
+            f"that is not UTF-8"
+        ) from None
 
 
 def _members_table(rows: list[tuple[str, dict[str, bytes]]], wanted: list[str]) -> pl.DataFrame:

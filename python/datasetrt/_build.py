@@ -459,9 +459,12 @@ def build_sources(
         max_workers=min(processes, tasks),
         mp_context=multiprocessing.get_context("spawn"),
     )
-    # a temporary name of the engine's: a build that dies leaves it to the
-    # next writer or open of this root, which removes it
-    parts_root = Path(_native.temp_dir(os.fspath(local), "parts"))
+    # made only for a source written in parts; a temporary name of the
+    # engine's: a build that dies leaves it to the next writer or open of
+    # this root, which removes it
+    parts_root = None
+    if any(parts for _, _, parts in plan):
+        parts_root = Path(_native.temp_dir(os.fspath(local), "parts"))
     try:
         jobs, waiting = {}, {}
         for name, source, parts in plan:
@@ -479,6 +482,7 @@ def build_sources(
                 jobs[job] = name
                 continue
             waiting[name] = len(parts)
+            assert parts_root is not None  # made above for every source in parts
             for k, part in enumerate(parts):
                 job = pool.submit(write_part, parts_root / name, f"{name}.part-{k:05d}", part, spec)
                 jobs[job] = name
@@ -489,7 +493,8 @@ def build_sources(
                 waiting[name] -= 1
                 if waiting[name]:
                     continue
-                done = sorted((parts_root / name).iterdir()) if (parts_root / name).exists() else []
+                written = parts_root / name
+                done = sorted(written.iterdir()) if written.exists() else []
                 if not done:  # every part was empty
                     raise InvalidInputError(f"source {name!r} yielded no samples")
                 _native.merge_parts(os.fspath(local), name, [os.fspath(p) for p in done])
@@ -502,7 +507,8 @@ def build_sources(
         ) from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-        shutil.rmtree(parts_root, ignore_errors=True)
+        if parts_root is not None:
+            shutil.rmtree(parts_root, ignore_errors=True)
         bar.close()
 
 

@@ -312,21 +312,41 @@ impl CacheWriter {
         // attributes, with sample_id first
         let attributes = write_attributes(&staging, self.records, &attributes)?;
 
-        let manifest = Manifest {
-            name: name.clone(),
-            cache_id: new_cache_id(&name),
-            records: self.records,
-            codec: self.codec,
-            shard_bytes: out.shard_bytes,
+        let manifest = new_manifest(
+            &name,
+            self.records,
+            self.codec,
+            out.shard_bytes,
             index_crc32c,
-            attributes_bytes: attributes.len,
-            attributes_crc32c: attributes.crc,
-            created_unix_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0),
-        };
+            &attributes,
+        );
         publish(&self.root, &staging, manifest)
+    }
+}
+
+/// The manifest of a new cache `name` whose index and attributes are
+/// written: a new cache id, created now.
+fn new_manifest(
+    name: &str,
+    records: u64,
+    codec: Codec,
+    shard_bytes: Vec<u64>,
+    index_crc32c: u32,
+    attributes: &ipc::Written,
+) -> Manifest {
+    Manifest {
+        name: name.to_string(),
+        cache_id: new_cache_id(name),
+        records,
+        codec,
+        shard_bytes,
+        index_crc32c,
+        attributes_bytes: attributes.len,
+        attributes_crc32c: attributes.crc,
+        created_unix_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
     }
 }
 
@@ -423,20 +443,14 @@ fn merge_into_staging(root: &Path, name: &str, parts: &[PathBuf]) -> Result<(Pat
     let (index_crc32c, written) = written.inspect_err(|_| {
         let _ = fs::remove_dir_all(&staging);
     })?;
-    let manifest = Manifest {
-        name: name.to_string(),
-        cache_id: new_cache_id(name),
-        records: entries.len() as u64,
-        codec: codec.unwrap_or(Codec::None),
-        shard_bytes: shards.iter().map(|&(_, bytes)| bytes).collect(),
+    let manifest = new_manifest(
+        name,
+        entries.len() as u64,
+        codec.unwrap_or(Codec::None),
+        shards.iter().map(|&(_, bytes)| bytes).collect(),
         index_crc32c,
-        attributes_bytes: written.len,
-        attributes_crc32c: written.crc,
-        created_unix_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
-    };
+        &written,
+    );
     Ok((staging, manifest))
 }
 

@@ -356,11 +356,12 @@ def test_cleanup_keeps_what_a_run_drew_until_the_run_is_removed(mixed):
     for weight in (2.0, 3.0):  # later snapshots the run never drew
         mixed.update_metadata(mixed.get_metadata().with_columns(pl.lit(weight).alias("weight")))
     state = loader.state_dict()
-    del loader
+    delivered = dict(counted(batches))
+    del loader, batches  # a batch keeps its snapshot open (its metadata)
     seen = exposed(mixed, state)
     removed = mixed.cleanup(keep=0)
     assert removed and drawn.isdisjoint(removed)
-    assert exposed(mixed, state) == seen == dict(counted(batches))
+    assert exposed(mixed, state) == seen == delivered
     shutil.rmtree(Path(mixed._native.snapshot_dir) / "runs" / "kept")
     assert drawn <= set(mixed.cleanup(keep=0))
 

@@ -91,6 +91,9 @@ INTERNAL: dict[tuple[str, str], str] = {
         "Batch.tensor/torch copy a field of every record into one array with it"
     ),
     ("Batch", "run"): "Batch.tensor views a field in place when the records lie evenly",
+    ("Batch", "metadata_ipc"): (
+        "a pickled Batch carries its metadata rows as Arrow IPC bytes made with it"
+    ),
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import io
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -24,9 +25,8 @@ if TYPE_CHECKING:
 
 
 class _Frame:
-    """A population's metadata frame, read on first use: a loader whose
-    batches never ask for ``metadata`` never reads the metadata columns (nor
-    checks them: the engine checks a snapshot's files as they are read)."""
+    """Metadata rows read on first use (a whole snapshot's for
+    :meth:`Dataset.sample`, a batch's for the samples of a batch)."""
 
     __slots__ = ("_frame", "_read")
 
@@ -95,7 +95,7 @@ class _Lists:
     """What a :class:`Batch` holds once pickled (sent to a DataLoader's main
     process, say): its columns as lists, no mapping."""
 
-    __slots__ = ("_cache_id", "_data", "_rows", "_sample_id", "_snapshots")
+    __slots__ = ("_cache_id", "_data", "_metadata", "_rows", "_sample_id", "_snapshots")
 
     def __init__(
         self,
@@ -103,10 +103,17 @@ class _Lists:
         cache_id: list[int],
         sample_id: list[int],
         data: list,
-        snapshots: list[int] | None = None,
+        snapshots: list[int] | None,
+        metadata: bytes,
     ):
         self._rows, self._cache_id, self._sample_id, self._data = rows, cache_id, sample_id, data
         self._snapshots = snapshots
+        self._metadata = metadata
+
+    def metadata(self) -> pl.DataFrame:
+        # unpickled in the process that receives the batch (a DataLoader's
+        # main process), whose polars thread pool is its own
+        return pl.read_ipc_stream(io.BytesIO(self._metadata))
 
     def __len__(self) -> int:
         return len(self._data)
@@ -175,10 +182,8 @@ class _Lists:
         )
 
 
-def _unpickle_batch(
-    rows, cache_id, sample_id, data, frame, draws=None, epoch=None, snapshots=None
-) -> Batch:
-    batch = Batch(_Lists(rows, cache_id, sample_id, data, snapshots), frame, epoch)
+def _unpickle_batch(rows, cache_id, sample_id, data, metadata, draws, epoch, snapshots) -> Batch:
+    batch = Batch(_Lists(rows, cache_id, sample_id, data, snapshots, metadata), epoch)
     batch._draws = draws
     return batch
 
@@ -194,7 +199,9 @@ class Batch(HtmlRepr):
       over a copy otherwise;
     - ``cache_id``, ``sample_id``, ``rows``: lists of ints (``rows`` index
       the loader's snapshot, or under ``run=`` each row's ``snapshots``);
-      ``metadata``: a polars DataFrame of the rows;
+      ``metadata``: a polars DataFrame of the rows (each row of the
+      snapshot it was drawn from), gathered by the engine and wrapped
+      without polars' thread pool, so a forked DataLoader worker may read it;
     - ``draws``: the global draw positions of the rows in the epoch's
       sequence (what a score log keys its rows by); ``epoch``: that epoch;
     - ``to_arrow()`` / ``__arrow_c_array__``: the record batch itself, for
@@ -211,7 +218,6 @@ class Batch(HtmlRepr):
         "_data",
         "_draws",
         "_epoch",
-        "_frame",
         "_metadata",
         "_native",
         "_records",
@@ -219,9 +225,8 @@ class Batch(HtmlRepr):
         "_sample_id",
     )
 
-    def __init__(self, native: Any, frame: _Frame, epoch: int | None = None):
+    def __init__(self, native: Any, epoch: int | None = None):
         self._native: _native.Batch = native
-        self._frame = frame
         self._epoch = epoch
         self._metadata: pl.DataFrame | None = None
         self._rows: list[int] | None = None
@@ -282,14 +287,15 @@ class Batch(HtmlRepr):
         return len(self._native) > 0 and records.is_typed(self._native.payload_head(0, 8)[0])
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # the lists travel; the mapping does not (``to_arrow`` then gives a
-        # polars DataFrame of row, identity and data)
+        # the lists and the rows' metadata (Arrow IPC, made by the engine:
+        # no polars in a worker) travel; the mapping does not (``to_arrow``
+        # then gives a polars DataFrame of row, identity and data)
         columns = (
             self.rows,
             self.cache_id,
             self.sample_id,
             self.data,
-            self._frame,
+            self._native.metadata_ipc(),
             self.draws,
             self._epoch,
             self._native.snapshots(),
@@ -358,14 +364,20 @@ class Batch(HtmlRepr):
 
     @property
     def metadata(self) -> pl.DataFrame:
+        """The rows' metadata, one row per sample in batch order."""
         if self._metadata is None:
-            self._metadata = self._frame()[self.rows]
+            native = self._native
+            if isinstance(native, _Lists):
+                self._metadata = native.metadata()
+            else:
+                self._metadata = pl.DataFrame(native.metadata())
         return self._metadata
 
     def __iter__(self) -> Iterator[Sample]:
-        frame, cids, sids, rows = self._frame, self.cache_id, self.sample_id, self.rows
+        frame = _Frame(functools.partial(Batch.metadata.fget, self))
+        cids, sids = self.cache_id, self.sample_id
         for i, data in enumerate(self.data):
-            yield Sample(data, cids[i], sids[i], rows[i], frame)
+            yield Sample(data, cids[i], sids[i], i, frame)
 
     def __repr__(self) -> str:
         return f"<datasetrt.Batch of {len(self)} samples>"
@@ -384,12 +396,7 @@ class Loader(HtmlRepr):
         self._native: _native.Loader = dataset.start(spec)
         self.spec = spec
         self.version = self.plan.version
-        version = self.version
-        self._frame = _Frame(lambda: dataset.get_metadata(version))
         self._epoch: int = self.plan.epoch
-        self._dataset = dataset
-        # a loader that follows the head within the epoch: frames by snapshot
-        self._frames: dict[int, _Frame] | None = {version: self._frame} if spec.run else None
 
     @property
     def plan(self) -> _native.DrawPlan:
@@ -409,20 +416,7 @@ class Loader(HtmlRepr):
         return self
 
     def __next__(self) -> Batch:
-        native = next(self._native)
-        if self._frames is None:
-            return Batch(native, self._frame, self._epoch)
-        numbers = native.snapshots()
-        for number in set(numbers):
-            if number not in self._frames:
-                self._frames[number] = _Frame(lambda n=number, ds=self._dataset: ds.get_metadata(n))
-        batch = Batch(native, self._frames[numbers[0]] if numbers else self._frame, self._epoch)
-        if len(set(numbers)) > 1:  # a block cut by a change (another batch_size)
-            batch._metadata = pl.concat(
-                [self._frames[n]()[[r]] for n, r in zip(numbers, batch.rows, strict=True)],
-                how="diagonal_relaxed",
-            )
-        return batch
+        return Batch(next(self._native), self._epoch)
 
     def __repr__(self) -> str:
         p = self.plan

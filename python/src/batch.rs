@@ -18,10 +18,11 @@ use std::sync::{Arc, Mutex};
 use arrow::array::{Array, AsArray, BinaryViewArray, ByteView, RecordBatch, MAX_INLINE_VIEW_LEN};
 use arrow::buffer::Buffer;
 use arrow::datatypes::{Int64Type, UInt64Type};
+use datasetrt::load::BatchMetadata;
 use datasetrt::store::CacheSet;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyMemoryView, PySlice};
-use pyo3_arrow::PyRecordBatch;
+use pyo3_arrow::{PyRecordBatch, PyTable};
 
 use crate::error::IntoPyResult;
 
@@ -84,6 +85,8 @@ pub struct PyBatch {
     pub batch: RecordBatch,
     pub caches: CacheSet,
     pub maps: Arc<ShardMaps>,
+    /// The snapshots the rows were drawn from (the batch's metadata).
+    pub metadata: Arc<BatchMetadata>,
 }
 
 /// Positions of the loader batch's columns.
@@ -111,6 +114,13 @@ impl PyBatch {
             .column(index)
             .as_primitive::<Int64Type>()
             .values()
+    }
+
+    /// The rows' metadata, gathered without the GIL.
+    fn gather_metadata(&self, py: Python<'_>) -> PyResult<RecordBatch> {
+        let column = |k: usize| self.batch.column(k).as_primitive::<UInt64Type>().values();
+        let (snapshots, rows) = (column(SNAPSHOT), column(ROW));
+        crate::runtime::detach(py, || self.metadata.rows(snapshots, rows))?.py()
     }
 
     /// A memoryview over the whole shard file that `buffer` (the buffer of
@@ -356,6 +366,30 @@ impl PyBatch {
             return Ok(None);
         }
         Ok(Some((file, u64::from(first.offset), stride as u64)))
+    }
+
+    /// The rows' metadata (each row of the snapshot it was drawn from), as
+    /// one Arrow record batch gathered by the engine without the GIL: no
+    /// thread pool is needed, so a DataLoader worker made by fork reads it.
+    fn metadata(&self, py: Python<'_>) -> PyResult<PyTable> {
+        let rows = self.gather_metadata(py)?;
+        PyTable::try_new(vec![rows.clone()], rows.schema())
+    }
+
+    /// [`Self::metadata`] as the bytes of an Arrow IPC stream: what a
+    /// pickled batch carries.
+    fn metadata_ipc<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let rows = self.gather_metadata(py)?;
+        let bytes = crate::runtime::detach(py, || -> datasetrt::Result<Vec<u8>> {
+            let mut out = Vec::new();
+            let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut out, &rows.schema())?;
+            writer.write(&rows)?;
+            writer.finish()?;
+            drop(writer);
+            Ok(out)
+        })?
+        .py()?;
+        Ok(PyBytes::new(py, &bytes))
     }
 
     /// The batch as an Arrow record batch (`draw`, `row`, `cache_id`,

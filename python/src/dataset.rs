@@ -9,7 +9,7 @@ use std::time::Duration;
 use arrow::array::{Int64Array, RecordBatch, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use datasetrt::catalog::{Mixture, Snapshot};
-use datasetrt::load::Loader;
+use datasetrt::load::{BatchMetadata, Loader};
 use datasetrt::query::{LiveQuery, QuerySession};
 use datasetrt::sample::Sampling;
 use datasetrt::{Dataset, OpenOptions};
@@ -559,6 +559,10 @@ impl PyDataset {
             inner: Mutex::new(loader),
             caches: self.inner.cache_set(),
             maps: self.maps.clone(),
+            metadata: Arc::new(BatchMetadata::new(
+                self.inner.clone(),
+                plan.snapshot.clone(),
+            )),
             plan,
             delivered: AtomicU64::new(0),
         })

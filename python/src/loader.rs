@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use datasetrt::load::Loader;
+use datasetrt::load::{BatchMetadata, Loader};
 use datasetrt::store::CacheSet;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -22,6 +22,8 @@ pub struct PyLoader {
     /// The shards this loader's batches map for Python (memoryviews).
     pub(crate) maps: Arc<ShardMaps>,
     pub(crate) plan: PyDrawPlan,
+    /// The snapshots its batches draw from (their metadata).
+    pub(crate) metadata: Arc<BatchMetadata>,
     /// Batches handed to Python so far.
     pub(crate) delivered: AtomicU64,
 }
@@ -68,6 +70,7 @@ impl PyLoader {
             batch: loaded.batch.clone(),
             caches: self.caches.clone(),
             maps: self.maps.clone(),
+            metadata: self.metadata.clone(),
         }))
     }
 

@@ -424,6 +424,49 @@ impl Snapshot {
         (part, row - part.start)
     }
 
+    /// Rows `rows` of the population (in that order, repeats allowed) as
+    /// one record batch of every column: the partitions they lie in are read
+    /// (every chunk checked, once per host), then one gather. No thread pool
+    /// is involved, so a process forked from one that ran queries may call it.
+    pub fn take(&self, rows: &[u64]) -> Result<RecordBatch> {
+        let mut parts: Vec<usize> = Vec::new();
+        let mut indices = Vec::with_capacity(rows.len());
+        for &row in rows {
+            let at = usize::try_from(row)
+                .ok()
+                .filter(|&r| r < self.rows)
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "row {row} of snapshot {}, which has {} rows",
+                        self.number, self.rows
+                    ))
+                })?;
+            let (part, r) = self.locate(at);
+            let slot = match parts.iter().position(|&p| p == part.index) {
+                Some(slot) => slot,
+                None => {
+                    parts.push(part.index);
+                    parts.len() - 1
+                }
+            };
+            indices.push((slot, r));
+        }
+        let every: Vec<usize> = (0..self.schema.fields().len()).collect();
+        let batches = parts
+            .iter()
+            .map(|&part| {
+                let arrays = self.partition_columns(part, &every)?;
+                RecordBatch::try_new(self.schema.clone(), arrays)
+                    .map_err(|e| Error::corrupt(&self.path, e.to_string()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if batches.is_empty() {
+            return Ok(RecordBatch::new_empty(self.schema.clone()));
+        }
+        let refs: Vec<&RecordBatch> = batches.iter().collect();
+        Ok(arrow::compute::interleave_record_batch(&refs, &indices)?)
+    }
+
     /// `(cache_id, sample_id)` of row `row`: a loader's read, which checks
     /// only the chunks those two values lie in.
     #[inline]

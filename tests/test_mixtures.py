@@ -303,6 +303,180 @@ def test_resume_is_exact_across_a_thousand_changes_and_other_layouts(mixed):
     assert sum(exposed(mixed, state).values()) == position
 
 
+def claims_file(before: set[str]) -> str:
+    """The run's shared claims (three words: furthest claim, flag, version)
+    made since `before` was listed."""
+    import glob
+
+    (path,) = set(glob.glob(claims_pattern())) - before
+    return path
+
+
+def claims_pattern() -> str:
+    import os
+    import tempfile
+
+    shm = f"/dev/shm/datasetrt-{os.getuid()}/runs"
+    if not os.path.isdir("/dev/shm"):
+        shm = os.path.join(tempfile.gettempdir(), "datasetrt-runs")
+    return os.path.join(shm, "*.claims")
+
+
+def schedule(ds, run: str, epoch: int = 0) -> list[int]:
+    """The draws at which the run's changes of `epoch` take effect."""
+    from pathlib import Path
+
+    epoch_dir = Path(ds._native.snapshot_dir) / "runs" / run / f"e{epoch:020}"
+    return sorted(int(p.name) for p in epoch_dir.iterdir() if p.name.isdigit())
+
+
+FIRST_READER = """
+import sys
+import datasetrt as drt
+loader = drt.open(sys.argv[1]).loader(8, seed=3, epoch_len=400, run="boundary",
+                                       prefetch_batches=1)
+next(loader)
+print("ready", flush=True)
+change = int(sys.stdin.readline())
+while change not in next(loader).snapshots:
+    pass
+print("placed", flush=True)
+"""
+
+
+def test_a_change_placed_before_anyone_claims_past_the_last_lands_on_a_boundary(mixed):
+    """Two changes with no claim between them (another rank behind the
+    furthest claim sees the second): the second goes to the next block
+    boundary, not one draw past the first."""
+    import fcntl
+    import glob
+    import mmap
+    import os
+    import subprocess
+    import sys
+
+    mixed.set_mixture("source", {"web": 1, "code": 1})
+    before = set(glob.glob(claims_pattern()))
+    root = os.path.dirname(mixed.paths[0])
+    # the first reader places change x and ends: no claim of its lingers
+    first = subprocess.Popen(
+        [sys.executable, "-c", FIRST_READER, root],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first.stdout.readline().strip() == "ready"
+        claims = claims_file(before)
+        f = open(claims, "r+b")  # held across the whole test
+        fcntl.flock(f, fcntl.LOCK_SH)  # a reader of the run lives on: not swept
+        x = mixed.set_mixture("source", {"web": 3, "code": 1})
+        out, _ = first.communicate(f"{x}\n", timeout=120)
+        assert out.strip() == "placed"
+    finally:
+        first.kill()
+    with f:
+        (_, at) = schedule(mixed, "boundary")
+        # epoch 0, nobody claimed past `at` (also not as the ended reader recorded it)
+        for recorded in glob.glob(
+            os.path.join(mixed._native.snapshot_dir, "runs", "boundary", "claimed-*")
+        ):
+            os.unlink(recorded)
+        with mmap.mmap(f.fileno(), 24) as words:
+            words[0:8] = at.to_bytes(8, "little")
+        y = mixed.set_mixture("source", {"web": 1, "code": 3})
+        behind = mixed.loader(8, seed=3, epoch_len=400, run="boundary", prefetch_batches=1)
+        numbers = [n for b in behind for n in b.snapshots]
+    changes = schedule(mixed, "boundary")
+    assert len(changes) == 3 and all(d % 8 == 0 for d in changes), changes
+    assert changes[2] == at + 8 and numbers.index(y) == at + 8
+
+
+def test_the_claims_of_a_run_whose_readers_ended_are_swept(mixed):
+    """The host's shared claims of a run stay while a reader holds them
+    and are removed by the next reader of any run once none does."""
+    import gc
+    import glob
+    import os
+    import time
+
+    before = set(glob.glob(claims_pattern()))
+    ended = mixed.loader(8, seed=3, epoch_len=80, run="ends", prefetch_batches=1)
+    next(ended)
+    ended_claims = claims_file(before)
+    live = mixed.loader(8, seed=3, epoch_len=80, run="lives", prefetch_batches=1)
+    next(live)
+    live_claims = claims_file(before | {ended_claims})
+    del ended
+    gc.collect()
+    # the next reader of any run sweeps it (once the ended loader's read-ahead,
+    # which holds it too, has stopped)
+    deadline = time.monotonic() + 60
+    while os.path.exists(ended_claims):
+        assert time.monotonic() < deadline, "the claims of an ended run were never swept"
+        next(mixed.loader(8, seed=3, epoch_len=80, run="another", prefetch_batches=1))
+        time.sleep(0.05)
+    assert os.path.exists(live_claims)  # held by `live`
+    assert len(list(live)) == 9  # and still shared: the run reads on
+
+
+RANK_SCRIPT = """
+import sys, time
+import datasetrt as drt
+ds = drt.open(sys.argv[1])
+rank, run = int(sys.argv[2]), sys.argv[3]
+loader = ds.loader(10, seed=5, epoch_len=2000, run=run, rank=rank, world_size=2,
+                   prefetch_batches=1)
+for i, batch in enumerate(loader):
+    assert len(set(batch.snapshots)) == 1, batch.snapshots  # one snapshot a block
+    if i == 0:
+        print("ready", flush=True)
+    time.sleep(0.01 * (1 + rank))
+print("done")
+"""
+
+
+@pytest.mark.timeout(240)
+def test_racing_rank_processes_place_every_change_on_a_block_boundary(mixed):
+    """Two rank processes read a run at different paces while this one
+    commits changes: every change of the schedule is at a block boundary
+    and every block is drawn from one snapshot."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    mixed.set_mixture("source", {"web": 1, "code": 1})
+    root = os.path.dirname(mixed.paths[0])
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK_SCRIPT, root, str(r), "racing"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        for p in ranks:  # both read: the changes below land during the epoch
+            assert p.stdout.readline().strip() == "ready"
+        shares = [{"web": 1, "code": 2}, {"web": 2, "code": 1}, {"books": 1, "code": 1}]
+        for i in range(40):
+            if any(p.poll() is not None for p in ranks):
+                break
+            mixed.set_mixture("source", shares[i % 3])
+            time.sleep(0.02)
+        outs = [p.communicate(timeout=180) for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill()
+    for p, (out, err) in zip(ranks, outs, strict=True):
+        assert p.returncode == 0 and out.strip() == "done", err
+    changes = schedule(mixed, "racing")
+    assert len(changes) > 1
+    assert all(d % 10 == 0 for d in changes), changes
+
+
 def test_a_writer_that_died_placing_a_change_does_not_stop_the_run(mixed):
     """A reader killed with the run's shared flag up (between raising it and
     writing the change) leaves it up: the next readers see the run's lock

@@ -135,6 +135,16 @@ pub struct Entry {
     pub fingerprint: String,
 }
 
+/// The first block boundary at or after draw `draw` (blocks of `block`).
+fn boundary_at(draw: u64, block: u64) -> u64 {
+    draw.div_ceil(block.max(1)).saturating_mul(block.max(1))
+}
+
+/// The first block boundary after draw `draw`.
+fn next_boundary(draw: u64, block: u64) -> u64 {
+    boundary_at(draw.saturating_add(1), block)
+}
+
 /// Draws are claimed as `epoch << 40 | draw` (an epoch has fewer than 2^40
 /// draws here), so that one word orders claims across epochs.
 const DRAW_BITS: u32 = 40;
@@ -147,8 +157,13 @@ fn pack(epoch: u64, draw: u64) -> u64 {
 
 /// The words a host's readers of one run share, in a small file mapped
 /// shared (`/dev/shm/datasetrt-<uid>/runs/` where there is shared memory).
+/// Each process that maps it holds a shared lock on it, so a file no
+/// process holds (every reader of its run has ended) is swept by the next
+/// opener, as reader leases are.
 struct Claims {
     map: MmapMut,
+    /// The shared lock, held while the map is.
+    _held: std::fs::File,
 }
 
 const CLAIMED: usize = 0;
@@ -162,12 +177,19 @@ impl Claims {
             None => std::env::temp_dir().join("datasetrt-runs"),
         };
         std::fs::create_dir_all(&dir).map_err(Error::io(&dir))?;
+        sweep_claims(&dir);
         let path = dir.join(format!("{key}.claims"));
+        // a sweeper may remove the file between our open and our lock: then
+        // the lock is on a file nobody else will find, and we open again
+        let held = loop {
+            let held = fs::lock_shared(&path)?;
+            if same_file(&held, &path) {
+                break held;
+            }
+        };
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(false)
             .open(&path)
             .map_err(Error::io(&path))?;
         if file.metadata().map_err(Error::io(&path))?.len() < 24 {
@@ -175,13 +197,93 @@ impl Claims {
         }
         // SAFETY: the file is ours to share; every access is an atomic word
         let map = unsafe { MmapMut::map_mut(&file) }.map_err(Error::io(&path))?;
-        Ok(Claims { map })
+        Ok(Claims { map, _held: held })
     }
 
     fn word(&self, i: usize) -> &AtomicU64 {
         let ptr = self.map.as_ptr() as *mut u64;
         // SAFETY: the map is 24 bytes, page-aligned, and lives as long as self
         unsafe { AtomicU64::from_ptr(ptr.add(i)) }
+    }
+}
+
+impl Drop for Schedule {
+    /// Record the run's furthest claim in its folder (best effort), so that
+    /// a reader after the host's claims are swept places changes after it.
+    fn drop(&mut self) {
+        let claimed = self.claims.word(CLAIMED).load(Ordering::SeqCst);
+        if claimed > recorded_claim(&self.dir) {
+            record_claim(&self.dir, claimed);
+        }
+    }
+}
+
+/// Names of the files that record a run's furthest claim: the packed
+/// claim in 20 digits (the name is the record; the file is empty).
+const CLAIMED_PREFIX: &str = "claimed-";
+
+/// The furthest claim recorded in run folder `dir` (0: none).
+fn recorded_claim(dir: &Path) -> u64 {
+    let Ok(names) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    names
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_prefix(CLAIMED_PREFIX)?
+                .parse()
+                .ok()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Record `claimed` in run folder `dir`, and remove the smaller records.
+fn record_claim(dir: &Path, claimed: u64) {
+    let path = dir.join(format!("{CLAIMED_PREFIX}{claimed:020}"));
+    if std::fs::File::create(&path).is_err() {
+        return;
+    }
+    let Ok(names) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in names.flatten() {
+        let name = entry.file_name();
+        let older = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(CLAIMED_PREFIX)?.parse::<u64>().ok())
+            .is_some_and(|c| c < claimed);
+        if older {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Remove the claims files in `dir` that no process holds (runs whose
+/// readers have all ended). Best effort: a file that cannot be locked or
+/// removed stays for a later sweep.
+fn sweep_claims(dir: &Path) {
+    let Ok(names) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in names.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "claims") {
+            if let Ok(Some(_unused)) = fs::try_lock_exclusive(&path) {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+}
+
+/// Whether `file` is the file at `path` now (not one removed since).
+fn same_file(file: &std::fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
     }
 }
 
@@ -218,9 +320,15 @@ impl Schedule {
         // one key however the dataset's path was spelled (relative, a link)
         let real = std::fs::canonicalize(&dir).map_err(Error::io(&dir))?;
         let key = xxhash_rust::xxh3::xxh3_64(real.to_string_lossy().as_bytes());
+        let claims = Claims::open(&format!("{key:016x}"))?;
+        // claims swept (or lost with a reboot) come back from the run's
+        // folder: the furthest claim any ended reader of it recorded
+        claims
+            .word(CLAIMED)
+            .fetch_max(recorded_claim(&dir), Ordering::SeqCst);
         Ok(Schedule {
             snapshot_dir: snapshot_dir.to_path_buf(),
-            claims: Claims::open(&format!("{key:016x}"))?,
+            claims,
             dir,
             seen: Mutex::default(),
         })
@@ -279,10 +387,17 @@ impl Schedule {
     }
 
     /// Before the block of `epoch` that ends at draw `end` is drawn
-    /// (`start_on`: the snapshot the reader planned the epoch on, which
-    /// starts the epoch unless the run already did): claim it, write a
-    /// change if the head moved, and return the epoch's entries.
-    pub fn claim(&self, epoch: u64, end: u64, start_on: &Snapshot) -> Result<Vec<Entry>> {
+    /// (`block`: the reader's block size; `start_on`: the snapshot the
+    /// reader planned the epoch on, which starts the epoch unless the run
+    /// already did): claim it, write a change if the head moved (at a block
+    /// boundary), and return the epoch's entries.
+    pub fn claim(
+        &self,
+        epoch: u64,
+        end: u64,
+        block: u64,
+        start_on: &Snapshot,
+    ) -> Result<Vec<Entry>> {
         if epoch >= MAX_EPOCHS {
             return Err(Error::invalid(format!(
                 "a run that follows the head draws fewer than {MAX_EPOCHS} epochs, not epoch \
@@ -350,14 +465,15 @@ impl Schedule {
             .expect("an epoch starts")
             .snapshot;
         if let Some(head) = self.head(&mut seen)?.filter(|&h| h != last) {
-            self.take_head(epoch, head, &mut seen)?;
+            self.take_head(epoch, head, block, &mut seen)?;
         }
         Ok(seen.entries[&epoch].clone())
     }
 
     /// Write the change to `head` at the furthest draw claimed (if this
-    /// epoch is still the furthest claimed), under the run's lock.
-    fn take_head(&self, epoch: u64, head: u64, seen: &mut Seen) -> Result<()> {
+    /// epoch is still the furthest claimed), under the run's lock: a block
+    /// boundary (of `block` draws), past the epoch's last entry.
+    fn take_head(&self, epoch: u64, head: u64, block: u64, seen: &mut Seen) -> Result<()> {
         let _lock = fs::lock_exclusive(&self.dir.join("lock"))?;
         let known = seen.entries.get(&epoch).cloned().unwrap_or_default();
         let mut entries = self.read_past(epoch, &known)?;
@@ -369,13 +485,14 @@ impl Schedule {
         self.claims.word(PENDING).store(1, Ordering::SeqCst);
         let claimed = self.claims.word(CLAIMED).load(Ordering::SeqCst);
         // after the epoch's last entry too: the claims may be younger than
-        // the schedule (a resume after a reboot, on another host)
-        let after = entries.last().map_or(0, |e| e.from + 1);
+        // the schedule (a resume after a reboot, on another host; a change
+        // placed at the furthest claim before any reader claimed past it)
+        let after = entries.last().map_or(0, |e| next_boundary(e.from, block));
         let written = match claimed >> DRAW_BITS == epoch {
             true => self.write(
                 epoch,
                 &Entry {
-                    from: (claimed & ((1 << DRAW_BITS) - 1)).max(after),
+                    from: boundary_at(claimed & ((1 << DRAW_BITS) - 1), block).max(after),
                     snapshot: head,
                     fingerprint,
                 },
@@ -550,5 +667,23 @@ impl Segments {
     /// The entries taken so far.
     pub fn entries(&self) -> impl Iterator<Item = &Entry> {
         self.segments.iter().map(|s| &s.entry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{boundary_at, next_boundary};
+
+    #[test]
+    fn changes_land_on_block_boundaries() {
+        // the furthest claim is a block's end; the epoch's last block may be short
+        assert_eq!(boundary_at(420, 20), 420);
+        assert_eq!(boundary_at(421, 20), 440);
+        assert_eq!(boundary_at(0, 20), 0);
+        // past the last entry: at 420, the next change can be no sooner than 440
+        assert_eq!(next_boundary(420, 20), 440);
+        assert_eq!(next_boundary(419, 20), 420);
+        assert_eq!(next_boundary(0, 1), 1);
+        assert_eq!(boundary_at(u64::MAX - 3, 8), u64::MAX); // saturates, never wraps
     }
 }

@@ -94,7 +94,9 @@ impl Following {
     fn block(&mut self, planned: &Snapshot, plan: &DrawPlan, b: u64) -> Result<RecordBatch> {
         let (start, end) = plan.block_range(b);
         let dir = planned.dir();
-        let entries = self.schedule.claim(plan.epoch, end, planned)?;
+        let entries = self
+            .schedule
+            .claim(plan.epoch, end, plan.batch_size as u64, planned)?;
         self.segments.extend(dir, &entries, self.drawn_through)?;
         let how = (plan.sampling, plan.seed, plan.epoch, plan.epoch_len);
         let n = (end - start) as usize;

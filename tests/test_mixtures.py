@@ -567,3 +567,19 @@ def test_a_mixture_is_set_from_the_result_of_sql(mixed):
     ]:
         with pytest.raises(drt.InvalidInputError, match=says):
             mixed.set_mixture("source", bad)
+
+
+def test_exposures_refuse_a_position_past_what_the_epoch_holds(mixed):
+    """A position past the epoch's draws (with its last batches' padding
+    for the run's ranks) is no loader's: refused at once, never counted."""
+    loader = mixed.loader(8, seed=3, epoch_len=100)
+    next(loader)
+    state = loader.state_dict()
+    for position in (101, 10 * 100, 10**12):
+        with pytest.raises(drt.InvalidInputError, match="past what epoch 0 holds"):
+            mixed.exposures({**state, "position": position})
+    # 13 blocks of 8 padded to 15 for 3 ranks: 120 draws, all counted
+    assert mixed.exposures({**state, "position": 120}, world_size=3)["count"].sum() == 120
+    with pytest.raises(drt.InvalidInputError, match="world_size"):
+        mixed.exposures({**state, "position": 121}, world_size=3)
+    assert mixed.exposures({**state, "position": 100})["count"].sum() == 100

@@ -41,6 +41,7 @@ pub fn exposures(
     check_shape(state, shape)?;
     // the state's own snapshot, checked as a resume checks it
     let reader = reader_plan(state, shape);
+    check_position(state, &reader)?;
     let (own, _) = LoaderState {
         reader: None,
         position: 0,
@@ -98,6 +99,27 @@ fn check_shape(state: &LoaderState, shape: &RunShape) -> Result<()> {
         return Err(Error::invalid(format!(
             "the history names epoch {e}, after the state's epoch {}",
             state.epoch
+        )));
+    }
+    Ok(())
+}
+
+/// A state's position lies within its epoch: its draws, with the last
+/// blocks' padding for the run's ranks (a position past them is no
+/// loader's, and counting it would take ever more passes).
+fn check_position(state: &LoaderState, reader: &DrawPlan) -> Result<()> {
+    let most = reader.total_draws();
+    if state.position > most {
+        return Err(Error::invalid(format!(
+            "the state's position {} is past what epoch {} holds: {} draws of {} in batches \
+             of {} for {} ranks ({most} with the last batches' padding); pass the run's \
+             world_size if it had more ranks",
+            state.position,
+            state.epoch,
+            state.epoch_len,
+            state.sampling.name(),
+            reader.batch_size,
+            reader.world_size,
         )));
     }
     Ok(())

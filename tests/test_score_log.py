@@ -9,6 +9,7 @@ import math
 import os
 import pickle
 import signal
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -474,6 +475,11 @@ def test_a_damaged_segment_is_a_corrupt_cache_error_naming_it_and_verify_reports
     other = pl.DataFrame({"epoch": [0]})
     other.write_ipc(second)
     damages.append(second.read_bytes())
+    # one flipped bit in a logged loss (3.0 -> 3.0000000000000004): the
+    # file still decodes, its seal does not match
+    flipped = bytearray(whole)
+    flipped[whole.index(struct.pack("<d", 3.0))] ^= 0x01
+    damages.append(bytes(flipped))
     for damaged in damages:
         second.write_bytes(damaged)
         with pytest.raises(drt.CorruptCacheError, match=second.name) as info:

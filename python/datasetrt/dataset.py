@@ -623,9 +623,9 @@ class Dataset:
 
         Reads every record of every cache (checksums verified), the head,
         the tags, every snapshot with every column file it names, and every
-        segment of the score logs (each must be a whole Arrow IPC file of a
-        segment's columns; segments carry no checksum, so a changed value is
-        not found). One row per problem: ``kind`` (the exception class it
+        segment of the score logs (each must match the CRC-32C its name is
+        sealed with and be a whole Arrow IPC file of a segment's columns).
+        One row per problem: ``kind`` (the exception class it
         would raise), ``path`` and ``message``; an empty frame means
         everything is intact. Unlike a read, it does not stop at the first
         problem. A path that is not UTF-8 is shown with those bytes escaped

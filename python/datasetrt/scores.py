@@ -14,7 +14,7 @@ On disk a log is a folder of Arrow IPC files (uncompressed, written by the
 engine: ``datasetrt::catalog::scores``) beside the dataset's metadata
 snapshots::
 
-    <snapshot dir>/_scores/<log name>/<run>/<written_ns>-<seq>-r<rank>-w<worker>-p<pid>.arrow
+    <snapshot dir>/_scores/<log name>/<run>/<written_ns>-<seq>-r<rank>-w<worker>-p<pid>-c<crc>.arrow
 
 Each file (a *segment*) holds the rows one process wrote at once, with
 columns ``epoch`` (UInt64), ``position`` (UInt64), ``cache_id``, ``sample_id``
@@ -46,11 +46,14 @@ Guarantees:
   that flushes to the same run.
 - **Checked input.** A rejected :meth:`ScoreLog.append` raises
   :class:`InvalidInputError` and buffers nothing.
-- **Checked segments.** A segment that is not a whole Arrow IPC file of
-  the segment columns (cut short, say) makes :meth:`ScoreLog.frame` raise
-  :class:`CorruptCacheError` naming it, and :meth:`Dataset.verify` reads
-  every segment of every log. Segments carry no checksum: a changed value
-  inside a whole segment is not detected.
+- **Checked segments.** Each segment is sealed by its name: ``<crc>`` is
+  the CRC-32C of the whole file (8 hex digits). A segment whose bytes do
+  not match it (a flipped bit in a logged loss), or that is not a whole
+  Arrow IPC file of the segment columns (cut short, say), makes
+  :meth:`ScoreLog.frame` raise :class:`CorruptCacheError` naming it, never
+  a value that becomes a weight; :meth:`Dataset.verify` reads every
+  segment of every log. (Segments named without ``-c<crc>``, written
+  before seals, are read with the structural checks alone.)
 """
 
 from __future__ import annotations

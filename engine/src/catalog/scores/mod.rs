@@ -3,7 +3,7 @@
 //! the dataset's snapshots as immutable Arrow IPC *segments*:
 //!
 //! ```text
-//! <snapshot dir>/_scores/<log>/<run>/<written_ns>-<seq>-r<rank>-w<worker>-p<pid>.arrow
+//! <snapshot dir>/_scores/<log>/<run>/<written_ns>-<seq>-r<rank>-w<worker>-p<pid>-c<crc>.arrow
 //! ```
 //!
 //! Each process writes its own files, so ranks and workers never coordinate.
@@ -354,12 +354,15 @@ impl Shared {
             }
             sfs::remove_stale_temps(dir);
         }
-        let name = format!(
-            "{stamp:020}-{seq:06}-r{}-w{}-p{}.arrow",
-            w.rank, w.worker, w.pid
-        );
-        let path = dir.join(name);
-        let temp = ipc::write_temp(&path, &SEGMENT_SCHEMA, &[rows.batch(w.rank)?])?;
+        // sealed by its name: the CRC-32C of the whole file, which the
+        // reader checks before a logged value can become a weight
+        let base = format!("{stamp:020}-{seq:06}-r{}-w{}-p{}", w.rank, w.worker, w.pid);
+        let temp = ipc::write_temp(
+            &dir.join(format!("{base}.arrow")),
+            &SEGMENT_SCHEMA,
+            &[rows.batch(w.rank)?],
+        )?;
+        let path = dir.join(format!("{base}-c{:08x}.arrow", temp.crc));
         if let Err(e) = fs::rename(&temp.path, &path) {
             let _ = fs::remove_file(&temp.path);
             return Err(Error::io(&path)(e));

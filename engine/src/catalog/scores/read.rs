@@ -10,6 +10,7 @@ use arrow::compute::{concat_batches, filter_record_batch};
 use arrow::datatypes::Schema;
 
 use super::SEGMENT_SCHEMA;
+use crate::store::checksum::crc32c;
 use crate::store::{fs as sfs, ipc};
 use crate::{Error, Result};
 
@@ -46,6 +47,18 @@ pub fn segments(run_dir: &Path) -> Result<Vec<PathBuf>> {
 /// segment columns; else `Corrupt` naming it (`NotFound` if it is gone).
 pub fn read_segment(path: &Path) -> Result<RecordBatch> {
     let buffer = sfs::map_buffer(path, "score log segment")?;
+    if let Some(sealed) = sealed_crc(path) {
+        let found = crc32c(buffer.as_slice());
+        if found != sealed {
+            return Err(Error::corrupt(
+                path,
+                format!(
+                    "its CRC-32C is {found:08x}, not the {sealed:08x} its name was sealed \
+                     with: the segment was damaged after it was written"
+                ),
+            ));
+        }
+    }
     if !buffer.as_slice().starts_with(MAGIC) {
         return Err(Error::corrupt(
             path,
@@ -72,6 +85,15 @@ pub fn read_segment(path: &Path) -> Result<RecordBatch> {
         .collect::<std::result::Result<_, _>>()
         .map_err(|e| Error::corrupt(path, format!("its columns may hold nulls: {e}")))?;
     Ok(concat_batches(&SEGMENT_SCHEMA, &batches)?)
+}
+
+/// The CRC-32C a segment's name seals it with (`...-c<8 hex digits>.arrow`);
+/// `None` for a segment written before segments were sealed.
+fn sealed_crc(path: &Path) -> Option<u32> {
+    let name = path.file_name()?.to_str()?.strip_suffix(".arrow")?;
+    let (_, hex) = name.rsplit_once("-c")?;
+    let hex_digits = hex.len() == 8 && hex.bytes().all(|b| b.is_ascii_hexdigit());
+    hex_digits.then(|| u32::from_str_radix(hex, 16).ok())?
 }
 
 /// A schema's columns as (name, type) pairs.
@@ -127,7 +149,7 @@ fn newest(n: usize, key: impl Fn(usize) -> u128) -> Option<BooleanArray> {
 /// A multiplicative hash of integer keys (draw positions are dense: no
 /// attacker picks them, and SipHash costs more than the lookup).
 #[derive(Default)]
-struct KeyHasher(u64);
+pub(super) struct KeyHasher(u64);
 
 impl Hasher for KeyHasher {
     fn finish(&self) -> u64 {
@@ -188,6 +210,43 @@ mod tests {
         let rows = read_run(dir.path()).unwrap().unwrap();
         // (0, 0): the later row of the first segment; (0, 1): the second segment's
         assert_eq!(values(&rows), vec![3.0, 4.0, 5.0]);
+    }
+
+    #[test]
+    fn a_flipped_bit_in_a_logged_value_is_corrupt_not_a_weight() {
+        let dir = tempfile::tempdir().unwrap();
+        log(dir.path(), &[(0, 0, 1.0), (0, 1, 2.0)]);
+        let path = segments(dir.path()).unwrap().pop().unwrap();
+        assert!(sealed_crc(&path).is_some(), "{path:?}");
+        let mut raw = std::fs::read(&path).unwrap();
+        // the f64 2.0 (0x4000000000000000): its top byte, in the value buffer
+        let two = 2.0f64.to_le_bytes();
+        let at = raw.windows(8).position(|w| w == two).unwrap();
+        raw[at + 7] ^= 0x01;
+        std::fs::write(&path, raw).unwrap();
+        match read_run(dir.path()) {
+            Err(Error::Corrupt {
+                path: p, detail, ..
+            }) => {
+                assert_eq!(p, path);
+                assert!(detail.contains("CRC-32C"), "{detail}");
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_segment_from_before_seals_is_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        log(dir.path(), &[(0, 0, 1.5)]);
+        let path = segments(dir.path()).unwrap().pop().unwrap();
+        let name = path.file_name().unwrap().to_str().unwrap();
+        let old = dir
+            .path()
+            .join(format!("{}.arrow", &name[..name.len() - 16]));
+        std::fs::rename(&path, &old).unwrap();
+        assert_eq!(sealed_crc(&old), None);
+        assert_eq!(values(&read_run(dir.path()).unwrap().unwrap()), vec![1.5]);
     }
 
     #[test]

@@ -147,8 +147,9 @@ def test_a_missing_or_unreadable_parquet_file_is_named(tmp_path):
         drt.sources.Parquet(tmp_path / "*.parquet", name="x")
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
     src = drt.sources.Parquet(tmp_path / "bad.parquet", name="bad-v1")
-    with pytest.raises(InvalidInputError, match="cannot read the Parquet files"):
+    with pytest.raises(InvalidInputError, match=r"cannot read Parquet file .*bad\.parquet") as info:
         drt.build(tmp_path / "cache", [src], progress=False)
+    assert info.value.path == str(tmp_path / "bad.parquet")
     assert not (tmp_path / "cache").exists() or list((tmp_path / "cache").iterdir()) == []
 
 
@@ -528,3 +529,160 @@ def test_a_split_source_with_empty_files_is_built_from_the_rest(tmp_path):
     empty = drt.sources.Parquet(tmp_path / "empty" / "*.parquet", name="none")
     with pytest.raises(InvalidInputError, match="source 'none' yielded no samples"):
         drt.build(tmp_path / "d", [empty], processes=2, progress=False)
+
+
+def cut_parquet(tmp_path):
+    """Three files (polars and pyarrow wrote them), the middle one cut in half."""
+    rows(40).write_parquet(tmp_path / "a.parquet")
+    pq.write_table(rows(40, start=40).to_arrow(), tmp_path / "b.parquet")
+    rows(40, start=80).write_parquet(tmp_path / "c.parquet")
+    cut = tmp_path / "b.parquet"
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    src = drt.sources.Parquet(tmp_path / "*.parquet", name="pq")
+    return src, cut, [tmp_path / "a.parquet", tmp_path / "c.parquet"]
+
+
+def missing_parquet(tmp_path):
+    rows(5).write_parquet(tmp_path / "a.parquet")
+    missing = tmp_path / "none.parquet"
+    return lambda: drt.sources.Parquet([tmp_path / "a.parquet", missing], name="pq"), missing, []
+
+
+def cut_tar(tmp_path):
+    """Two shards tarfile wrote; the second cut inside its first member's data."""
+    write_shard(tmp_path / "a.tar", wds_samples(5))
+    write_shard(tmp_path / "b.tar", wds_samples(5, start=5))
+    cut = tmp_path / "b.tar"
+    cut.write_bytes(cut.read_bytes()[:700])
+    src = drt.sources.WebDataset(tmp_path / "*.tar", name="wds", data="jpg")
+    return src, cut, [tmp_path / "a.tar"]
+
+
+def cut_gzip(tmp_path):
+    """A gzip shard (read through tarfile) cut in half, beside a whole one."""
+    import gzip
+
+    write_shard(tmp_path / "a.tar", wds_samples(20))
+    packed = gzip.compress((tmp_path / "a.tar").read_bytes())
+    (tmp_path / "a.tar.gz").write_bytes(packed)
+    cut = tmp_path / "b.tar.gz"
+    cut.write_bytes(packed[: len(packed) // 2])
+    src = drt.sources.WebDataset(tmp_path / "*.tar.gz", name="wds", data="jpg")
+    return src, cut, [tmp_path / "a.tar.gz"]
+
+
+def mds_wrong_count(tmp_path):
+    """index.json says shard 1 holds one sample more than the whole shard
+    (its own count and offsets agree) does: index.json is at fault."""
+    directory, index = copy_mds(tmp_path)
+    index["shards"][1]["samples"] += 1
+    (directory / "index.json").write_text(json.dumps(index))
+    src = drt.sources.MDS(directory, name="mds", data="data")
+    others = [directory / s["raw_data"]["basename"] for s in index["shards"]]
+    return src, directory / "index.json", [others[0], others[2], others[3]]
+
+
+def mds_wrong_size(tmp_path):
+    """index.json gives a uint16 column 8 bytes: refused before any shard is read."""
+    directory, index = copy_mds(tmp_path)
+    index["shards"][2]["column_sizes"][1] = 8
+    (directory / "index.json").write_text(json.dumps(index))
+    shards = [directory / s["raw_data"]["basename"] for s in index["shards"]]
+    return (
+        lambda: drt.sources.MDS(directory, name="mds", data="data"),
+        directory / "index.json",
+        shards,
+    )
+
+
+def mds_missing_shard(tmp_path):
+    directory, index = copy_mds(tmp_path)
+    shards = [directory / s["raw_data"]["basename"] for s in index["shards"]]
+    shards[2].unlink()
+    src = drt.sources.MDS(directory, name="mds", data="data")
+    return src, shards[2], [shards[0], shards[1], shards[3]]
+
+
+def cut_hugging_face(tmp_path):
+    """A directory save_to_disk wrote in several Arrow files, one cut in half."""
+    datasets = pytest.importorskip("datasets")
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_dict({"blob": [os.urandom(100) for _ in range(60)]}).save_to_disk(
+        saved, max_shard_size=2000
+    )
+    src = drt.sources.HuggingFace(saved, name="hf", data="blob")
+    files = [Path(f) for f in src.files]
+    assert len(files) > 2
+    files[1].write_bytes(files[1].read_bytes()[: files[1].stat().st_size // 2])
+    return src, files[1], [files[0], *files[2:]]
+
+
+def lance_files(tmp_path) -> list[Path]:
+    """A Lance dataset pylance wrote in three fragments: their data files, in order."""
+    lance = pytest.importorskip("lance")
+    lance.write_dataset(rows(80).to_arrow(), tmp_path / "ds.lance", max_rows_per_file=30)
+    files = [
+        tmp_path / "ds.lance" / "data" / f.path
+        for fragment in lance.dataset(tmp_path / "ds.lance").get_fragments()
+        for f in fragment.data_files()
+    ]
+    assert len(files) == 3
+    return files
+
+
+def missing_lance_file(tmp_path):
+    files = lance_files(tmp_path)
+    files[1].unlink()
+    src = drt.sources.Lance(tmp_path / "ds.lance", name="lance", data="data")
+    return src, files[1], [files[0], files[2]]
+
+
+def cut_lance_file(tmp_path):
+    """Lance's error names no file here: the one shorter than its manifest says is named."""
+    files = lance_files(tmp_path)
+    files[1].write_bytes(files[1].read_bytes()[:-3])
+    src = drt.sources.Lance(tmp_path / "ds.lance", name="lance", data="data")
+    return src, files[1], [files[0], files[2]]
+
+
+def overwritten_lance_file(tmp_path):
+    """A data file of the right size whose footer is garbage: named by
+    reading the fragments' files one at a time once the scan failed."""
+    files = lance_files(tmp_path)
+    body = files[1].read_bytes()
+    files[1].write_bytes(body[:-40] + b"\xff" * 40)
+    src = drt.sources.Lance(tmp_path / "ds.lance", name="lance", data="data")
+    return src, files[1], [files[0], files[2]]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        cut_parquet,
+        missing_parquet,
+        cut_tar,
+        cut_gzip,
+        mds_wrong_count,
+        mds_wrong_size,
+        mds_missing_shard,
+        cut_hugging_face,
+        missing_lance_file,
+        cut_lance_file,
+        overwritten_lance_file,
+    ],
+)
+def test_an_import_error_about_a_file_names_it_as_its_path(tmp_path, damage):
+    """docs/guarantees.md: an error about a file carries it as `.path`, and
+    says which (of a source of several, only the damaged one); nothing is
+    published. A source's error reaches build() whole from its reading
+    thread."""
+    (tmp_path / "in").mkdir()
+    made, damaged, intact = damage(tmp_path / "in")
+    with pytest.raises(InvalidInputError) as info:
+        source = made() if callable(made) else made
+        drt.build(tmp_path / "cache", [source], progress=False)
+    assert info.value.path == str(damaged)
+    assert str(damaged) in str(info.value)
+    for path in intact:
+        assert str(path) not in str(info.value)
+    assert not (tmp_path / "cache").exists() or list((tmp_path / "cache").iterdir()) == []

@@ -46,12 +46,16 @@ class InvalidInputError(DatasetRTError, ValueError):
     """An argument, row, column or value was rejected; nothing was changed.
 
     ``row`` (int), ``column`` (str) and ``value`` (str) name the culprit where
-    one is known, else are ``None``.
+    one is known, else are ``None``. ``path`` (str) names the file at fault
+    when there is one (a source's missing or damaged file: a Parquet file, a
+    tar shard, an MDS shard or ``index.json``, an Arrow file, a Lance data
+    file), else is ``None``.
     """
 
     row: int | None = None
     column: str | None = None
     value: str | None = None
+    path: str | None = None
 
 
 class CacheNotFoundError(DatasetRTError, FileNotFoundError):

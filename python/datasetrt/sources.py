@@ -56,7 +56,8 @@ class Parquet:
     default as many as hold about :data:`BATCH_BYTES` (64 MiB), from the
     files' size per row, so memory stays bounded whatever a row holds. A
     missing file, a glob that matches nothing or a file polars cannot read
-    is :class:`InvalidInputError` naming it.
+    is :class:`InvalidInputError` naming it (as its ``path`` too): of a
+    source of several files, the one that failed.
     """
 
     #: read on a thread of its own, ahead of the writer (see build)
@@ -99,7 +100,7 @@ class Parquet:
         # the paths are files already (a glob expanded, in order): no second glob
         frame = pl.scan_parquet(self.paths, glob=False)
         if self.columns is not None:
-            frame = frame.select([self.data_column, *self.columns])
+            frame = frame.select(self._wanted())
         return frame
 
     def __len__(self) -> int:
@@ -114,31 +115,75 @@ class Parquet:
         rows = self.batch_rows
         if rows is None:  # about BATCH_BYTES of rows, by the files' bytes per row
             count = len(self)
-            size = sum(os.path.getsize(p) for p in self.paths)
+            size = self._read(lambda: sum(os.path.getsize(p) for p in self.paths))
             rows = max(1, min(count, BATCH_BYTES * max(count, 1) // max(size, 1)))
         if hasattr(scan, "collect_batches"):  # polars >= 1.32: streamed
             batches = self._read(lambda: iter(scan.collect_batches(chunk_size=rows)))
         else:  # an older polars: a file at a time
-            wanted = None if self.columns is None else [self.data_column, *self.columns]
             batches = (
                 part
                 for path in self.paths
-                for part in pl.read_parquet(path, columns=wanted).iter_slices(rows)
+                for part in pl.read_parquet(path, columns=self._wanted()).iter_slices(rows)
             )
+        done = 0  # rows read: a failure lies past them
         while True:
-            batch = self._read(lambda: next(batches, None))
+            batch = self._read(lambda: next(batches, None), done)
             if batch is None:
                 return
+            done += batch.height
             yield batch
 
-    def _read(self, step: Any) -> Any:
+    def _wanted(self) -> list[str] | None:
+        return None if self.columns is None else [self.data_column, *self.columns]
+
+    def _read(self, step: Any, done: int = 0) -> Any:
+        """``step()``; a failure to read is :class:`InvalidInputError`
+        naming the file that failed (``done`` rows were read before it)."""
         try:
             return step()
         except (pl.exceptions.PolarsError, OSError) as exc:
+            error: Exception = exc
+        culprit = self._culprit(done)
+        if culprit is None:  # the failure did not repeat file by file
             raise InvalidInputError(
                 f"source {self.name!r}: cannot read the Parquet files "
-                f"({_shown(self.paths)}): {type(exc).__name__}: {exc}"
+                f"({_shown(self.paths)}): {type(error).__name__}: {error}"
             ) from None
+        path, error = culprit
+        raise _invalid(
+            f"source {self.name!r}: cannot read Parquet file {path!r}: "
+            f"{type(error).__name__}: {error}",
+            path,
+        ) from None
+
+    def _culprit(self, done: int) -> tuple[str, Exception] | None:
+        """The file a read of all of them failed on, ``done`` rows in, and
+        its error read alone: the first whose footer fails, else the first
+        to fail when read alone from the file that holds row ``done`` on
+        (only after a failure: the files stay one scan in the common path)."""
+        counts = []
+        for path in self.paths:
+            try:
+                counts.append(pl.scan_parquet(path, glob=False).select(pl.len()).collect().item())
+            except (pl.exceptions.PolarsError, OSError) as exc:
+                return path, exc
+        start = 0
+        for path, count in zip(self.paths, counts, strict=True):
+            start += count
+            if start <= done:
+                continue  # read whole before the failure
+            try:
+                scan = pl.scan_parquet(path, glob=False)
+                if self.columns is not None:
+                    scan = scan.select(self._wanted())
+                if hasattr(scan, "collect_batches"):  # streamed, as tables() reads
+                    for _ in scan.collect_batches():
+                        pass
+                else:
+                    scan.collect()
+            except (pl.exceptions.PolarsError, OSError) as exc:
+                return path, exc
+        return None
 
 
 def _expand(path: str, source: str, kind: str = "Parquet file") -> list[str]:
@@ -147,11 +192,18 @@ def _expand(path: str, source: str, kind: str = "Parquet file") -> list[str]:
     if glob.has_magic(path) and not os.path.isfile(path):
         found = sorted(glob.glob(path))
         if not found:
-            raise InvalidInputError(f"source {source!r}: no file matches {path!r}")
+            raise _invalid(f"source {source!r}: no file matches {path!r}", path)
         return found
     if not os.path.isfile(path):
-        raise InvalidInputError(f"source {source!r}: no {kind} at {path!r}")
+        raise _invalid(f"source {source!r}: no {kind} at {path!r}", path)
     return [path]
+
+
+def _invalid(message: str, path: str | None) -> InvalidInputError:
+    """An :class:`InvalidInputError` about file ``path`` (its ``path``)."""
+    error = InvalidInputError(message)
+    error.path = path
+    return error
 
 
 def _runs(items: list, n: int) -> list[tuple[int, list]]:
@@ -181,8 +233,9 @@ class WebDataset:
     where a sample lacks that member. Columns ``key`` (the sample's key) and
     ``shard`` (the tar's index in ``paths``) say where a record came from.
     Shards are read as streams, in order, ``batch_rows`` samples at a time.
-    A sample without its ``data`` member, or a member whose text is not of
-    its type, is :class:`InvalidInputError` naming the shard and the key.
+    A missing or damaged shard, a sample without its ``data`` member, or a
+    member whose text is not of its type, is :class:`InvalidInputError`
+    naming the shard (as its ``path`` too) and the key.
     """
 
     #: read on a thread of its own, ahead of the writer (see build)
@@ -259,7 +312,8 @@ class WebDataset:
             for batch in _native.TarSamples(path, wanted, self.batch_rows, _TAR_BATCH_BYTES):
                 yield pl.DataFrame(batch)
         except (InvalidInputError, OSError) as exc:
-            raise InvalidInputError(f"source {self.name!r}: {_reason(exc, path)}") from None
+            # the engine's error names the shard in its message: here as `path` too
+            raise _invalid(f"source {self.name!r}: {_reason(exc, path)}", path) from None
 
     def _stream_batches(self, path: str, wanted: list[str]) -> Iterator[pl.DataFrame]:
         rows: list[tuple[str, dict[str, bytes]]] = []
@@ -297,8 +351,8 @@ class WebDataset:
                     # extensions compare lowercased, as webdataset reads them
                     members[ext.lower()] = reader.read() if reader is not None else b""
         except (tarfile.TarError, OSError, EOFError) as exc:
-            raise InvalidInputError(
-                f"source {self.name!r}: cannot read tar shard {path!r}: {exc}"
+            raise _invalid(
+                f"source {self.name!r}: cannot read tar shard {path!r}: {exc}", path
             ) from None
         if key is not None:
             yield key, members
@@ -308,9 +362,10 @@ class WebDataset:
         if data.null_count():
             row = int(data.is_null().arg_max())
             members = table[_MEMBERS][row].split(", ") if table[_MEMBERS][row] else []
-            raise InvalidInputError(
+            raise _invalid(
                 f"source {self.name!r}: sample {table[_KEY][row]!r} of shard "
-                f"{self.paths[shard]!r} has no {self.data!r} member (it has {members})"
+                f"{self.paths[shard]!r} has no {self.data!r} member (it has {members})",
+                self.paths[shard],
             )
         columns = [
             data.cast(pl.Binary).alias("data"),
@@ -345,9 +400,13 @@ class WebDataset:
         try:
             return pl.Series(values, dtype=_DECODE[kind])
         except OverflowError:
-            raise InvalidInputError(
-                f"source {self.name!r}: a {ext!r} member holds an integer outside the "
-                f"64-bit range (shards {_shown(self.paths)})"
+            at = next(
+                i for i, v in enumerate(values) if v is not None and not -(1 << 63) <= v < 1 << 63
+            )
+            raise _invalid(
+                f"source {self.name!r}: member {keys[at]}.{ext} of shard "
+                f"{self.paths[shard]!r} holds an integer outside the 64-bit range",
+                self.paths[shard],
             ) from None
 
     def _decode(self, raw: bytes | None, kind: type, ext: str, shard: int, key: str) -> Any:
@@ -357,9 +416,10 @@ class WebDataset:
             text = raw.decode("utf-8")
             return text if kind is str else kind(text.strip())
         except ValueError:
-            raise InvalidInputError(
+            raise _invalid(
                 f"source {self.name!r}: member {key}.{ext} of shard {self.paths[shard]!r} is "
-                f"not {kind.__name__} text: {raw[:40]!r}"
+                f"not {kind.__name__} text: {raw[:40]!r}",
+                self.paths[shard],
             ) from None
 
 
@@ -393,9 +453,10 @@ def _check_utf8(name: str, source: str, path: str) -> None:
         name.encode("utf-8")
     except UnicodeEncodeError:
         shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-        raise InvalidInputError(
+        raise _invalid(
             f"source {source!r}: cannot read tar shard {path!r}: member {shown!r} has a name "
-            f"that is not UTF-8"
+            f"that is not UTF-8",
+            path,
         ) from None
 
 
@@ -427,7 +488,8 @@ class HuggingFace:
     ``bytes`` field (an ``Image`` or ``Audio`` feature stores its file that
     way). The other columns (or only ``columns``) become metadata; a
     ``ClassLabel`` is its integer. Read batch by batch as the files hold
-    them (pyarrow, which ``datasets`` itself needs).
+    them (pyarrow, which ``datasets`` itself needs). A missing or damaged
+    file is :class:`InvalidInputError` naming it, as its ``path`` too.
     """
 
     #: read on a thread of its own, ahead of the writer (see build)
@@ -484,7 +546,7 @@ class HuggingFace:
 
         if self.dataset is not None:
             for batch in self.dataset.data.table.to_batches(max_chunksize=1000):
-                yield self._frame(pl.DataFrame(batch), "the dataset")
+                yield self._frame(pl.DataFrame(batch), None)
             return
         for path in self.files:
             try:
@@ -492,15 +554,18 @@ class HuggingFace:
                     for batch in pa.ipc.open_stream(source):
                         yield self._frame(pl.DataFrame(batch), path)
             except (pa.ArrowException, OSError) as exc:
-                raise InvalidInputError(
-                    f"source {self.name!r}: cannot read Arrow file {path!r}: {exc}"
+                raise _invalid(
+                    f"source {self.name!r}: cannot read Arrow file {path!r}: {exc}", path
                 ) from None
 
-    def _frame(self, frame: pl.DataFrame, path: str) -> pl.DataFrame:
+    def _frame(self, frame: pl.DataFrame, path: str | None) -> pl.DataFrame:
+        """A batch of `path` (``None``: of the loaded dataset) as the source's frame."""
         column = self.data_column
         if column not in frame.columns:
-            raise InvalidInputError(
-                f"source {self.name!r}: {path!r} has no column {column!r} ({frame.columns})"
+            raise _invalid(
+                f"source {self.name!r}: {path or 'the dataset'!r} has no column {column!r} "
+                f"({frame.columns})",
+                path,
             )
         dtype = frame.schema[column]
         if isinstance(dtype, pl.Struct):
@@ -540,12 +605,13 @@ def _saved_files(directory: str, source: str) -> list[str]:
             if os.path.isfile(os.path.join(directory, "dataset_dict.json"))
             else ""
         )
-        raise InvalidInputError(
+        raise _invalid(
             f"source {source!r}: {directory!r} is not a dataset save_to_disk wrote: it has "
-            f"no state.json{hint}"
+            f"no state.json{hint}",
+            state,
         ) from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InvalidInputError(f"source {source!r}: unreadable {state!r}: {exc}") from None
+        raise _invalid(f"source {source!r}: unreadable {state!r}: {exc}", state) from None
     return [os.path.join(directory, n) for n in names]
 
 
@@ -580,7 +646,8 @@ class MDS:
     compressed one (``zstd`` by the engine, ``gz``, ``bz2``), in pieces of
     about :data:`BATCH_BYTES`. A missing or damaged index or shard, a shard
     whose samples disagree with the index, or a text column that is not
-    UTF-8 is :class:`InvalidInputError` naming the file (and sample).
+    UTF-8 is :class:`InvalidInputError` naming the file (and sample), as its
+    ``path`` too: ``index.json`` when a whole shard disagrees with it.
     """
 
     #: read on a thread of its own, ahead of the writer (see build)
@@ -598,27 +665,29 @@ class MDS:
         self.directory = check_text(os.fspath(directory), "an MDS directory")
         self.data_column = check_text(data, "data")
         self.columns = None if columns is None else [check_text(c, "a column") for c in columns]
-        index = os.path.join(self.directory, "index.json")
+        self._index = index = os.path.join(self.directory, "index.json")
         try:
             with open(index, encoding="utf-8") as f:
                 self.shards = _mds_shards(json.load(f))
         except FileNotFoundError:
-            raise InvalidInputError(
-                f"source {name!r}: {self.directory!r} is not an MDS dataset: it has no index.json"
+            raise _invalid(
+                f"source {name!r}: {self.directory!r} is not an MDS dataset: it has no index.json",
+                index,
             ) from None
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise InvalidInputError(f"source {name!r}: unreadable {index!r}: {exc}") from None
+            raise _invalid(f"source {name!r}: unreadable {index!r}: {exc}", index) from None
         for number, shard in enumerate(self.shards):
             names = shard["column_names"]
             if self.data_column not in names:
-                raise InvalidInputError(
+                raise _invalid(
                     f"source {name!r}: shard {number} of {index!r} has no column "
-                    f"{self.data_column!r} ({names})"
+                    f"{self.data_column!r} ({names})",
+                    index,
                 )
             missing = sorted(set(self.columns or ()) - set(names))
             clash = {"shard", "index"} & set(self.columns if self.columns is not None else names)
             if missing or clash:
-                raise InvalidInputError(
+                raise _invalid(
                     f"source {name!r}: shard {number} of {index!r}: "
                     + (f"no columns {missing}" if missing else "")
                     + (" and " if missing and clash else "")
@@ -627,7 +696,8 @@ class MDS:
                         f"'index' columns: pass columns= without them"
                         if clash
                         else ""
-                    )
+                    ),
+                    index,
                 )
         # of a part (split): the index of its first shard and first sample
         self._first_shard = self._first_sample = 0
@@ -670,7 +740,10 @@ class MDS:
             with open(path, "rb") as f:
                 packed = f.read()
         except OSError as exc:
-            raise InvalidInputError(f"source {self.name!r}: cannot read MDS shard: {exc}") from None
+            raise _invalid(
+                f"source {self.name!r}: cannot read MDS shard {path!r}: {exc.strerror or exc}",
+                path,
+            ) from None
         algorithm = (shard.get("compression") or "").partition(":")[0]
         codec = _MDS_CODECS.get(algorithm)
         try:
@@ -679,13 +752,17 @@ class MDS:
             if codec is not None:
                 return path, importlib.import_module(codec).decompress(packed)
         except (InvalidInputError, OSError, EOFError, ValueError, MemoryError, zlib.error) as exc:
-            raise InvalidInputError(
-                f"source {self.name!r}: MDS shard {path!r} is damaged: {exc}"
+            size = raw["bytes"]  # index.json's size of the raw shard: zstd's output size
+            hint = f" (or {self._index!r} is wrong about its raw size, {size} bytes)"
+            hint = hint if codec == "zstd" else ""
+            raise _invalid(
+                f"source {self.name!r}: MDS shard {path!r} is damaged: {exc}{hint}", path
             ) from None
-        raise InvalidInputError(
+        raise _invalid(
             f"source {self.name!r}: MDS shard {path!r} is compressed with {algorithm!r}; "
             f"this source reads zstd, gz and bz2 (or the raw shard beside it: "
-            f"{raw['basename']!r})"
+            f"{raw['basename']!r})",
+            path,
         )
 
 
@@ -758,6 +835,14 @@ class _MdsShard:
         data = np.frombuffer(raw, np.uint8)
         count = shard["samples"]
         if len(raw) < 4 or int.from_bytes(raw[:4], "little") != count:
+            whole = _mds_count(raw)
+            if whole is not None:  # a whole shard of another count: the index is wrong
+                raise _invalid(
+                    f"source {source.name!r}: {source._index!r} gives MDS shard {path!r} "
+                    f"{count} samples, but the shard holds {whole} (its count and offsets "
+                    f"agree)",
+                    source._index,
+                )
             self.fail(f"it does not start with the index's sample count {count}")
         if len(raw) < 4 * (count + 2):
             self.fail(f"it is too short for {count} samples' offsets")
@@ -780,8 +865,8 @@ class _MdsShard:
         self.data, self.offsets, self.count = data, offsets, count
 
     def fail(self, why: str) -> NoReturn:
-        raise InvalidInputError(
-            f"source {self.source.name!r}: MDS shard {self.path!r} is damaged: {why}"
+        raise _invalid(
+            f"source {self.source.name!r}: MDS shard {self.path!r} is damaged: {why}", self.path
         )
 
     def frames(self, first: int) -> Iterator[pl.DataFrame]:
@@ -847,6 +932,19 @@ class _MdsShard:
             self.fail(f"column {self.names[c]!r} ({encoding}) holds text that is not a number")
 
 
+def _mds_count(raw: bytes) -> int | None:
+    """The sample count of MDS shard bytes whose count and offsets agree
+    (the offsets run in order from past themselves to the shard's end),
+    else ``None``."""
+    count = int.from_bytes(raw[:4], "little") if len(raw) >= 4 else -1
+    if count < 0 or len(raw) < 4 * (count + 2):
+        return None
+    offsets = np.frombuffer(raw, "<u4", count=count + 1, offset=4).astype(np.int64)
+    if offsets[0] < 4 * (count + 2) or offsets[-1] != len(raw) or (np.diff(offsets) < 0).any():
+        return None
+    return count
+
+
 def _u32_at(data: np.ndarray, at: np.ndarray) -> np.ndarray:
     """The little-endian u32 at each of the byte offsets ``at``."""
     out = np.zeros(len(at), np.int64)
@@ -862,7 +960,9 @@ class Lance:
     ``columns``) the metadata, read in order ``batch_rows`` rows at a time.
     ``version`` pins the dataset version read (default: the latest when the
     source is made), so a source keeps naming the same rows while the Lance
-    dataset moves on.
+    dataset moves on. A dataset that is not there, or a data file that is
+    missing or damaged, is :class:`InvalidInputError` naming it, as its
+    ``path`` too.
     """
 
     #: read on a thread of its own, ahead of the writer (see build)
@@ -888,8 +988,8 @@ class Lance:
         try:
             self.version = lance.dataset(self.uri, version=version).version
         except (ValueError, OSError) as exc:
-            raise InvalidInputError(
-                f"source {name!r}: no Lance dataset at {self.uri!r}: {exc}"
+            raise _invalid(
+                f"source {name!r}: no Lance dataset at {self.uri!r}: {exc}", self.uri
             ) from None
 
     def __repr__(self) -> str:
@@ -898,10 +998,85 @@ class Lance:
     def tables(self) -> Iterator[pl.DataFrame]:
         """The dataset's rows at ``version``, ``batch_rows`` at a time, in order."""
         import lance
+        import pyarrow as pa
 
-        dataset = lance.dataset(self.uri, version=self.version)
+        try:
+            dataset = lance.dataset(self.uri, version=self.version)
+        except (ValueError, OSError) as exc:
+            raise _invalid(
+                f"source {self.name!r}: no Lance dataset at {self.uri!r} (version "
+                f"{self.version}): {exc}",
+                self.uri,
+            ) from None
         wanted = None if self.columns is None else [self.data_column, *self.columns]
-        for batch in dataset.to_batches(
-            columns=wanted, batch_size=self.batch_rows, scan_in_order=True
-        ):
+        # what Lance raises (pyarrow's ArrowInvalid for a missing data file),
+        # named here with the data file at fault when one is found
+        failures = (pa.ArrowException, OSError, ValueError, RuntimeError)
+        batches = None
+        while True:
+            try:
+                if batches is None:
+                    batches = iter(
+                        dataset.to_batches(
+                            columns=wanted, batch_size=self.batch_rows, scan_in_order=True
+                        )
+                    )
+                batch = next(batches, None)
+            except failures as exc:
+                try:
+                    path = _lance_culprit(dataset, self.uri, wanted, str(exc), failures)
+                except failures:  # the dataset cannot say which: the dataset is named
+                    path = None
+                raise _invalid(
+                    f"source {self.name!r}: cannot read Lance "
+                    + (f"data file {path!r}" if path else f"dataset {self.uri!r}")
+                    + f" (version {self.version}): {type(exc).__name__}: {exc}",
+                    path or self.uri,
+                ) from None
+            if batch is None:
+                return
             yield pl.DataFrame(batch)
+
+
+def _lance_file(uri: str, data_file: Any) -> tuple[str, bool]:
+    """Where a Lance data file is, and whether that is a local path: under
+    the dataset's ``data/`` (one in another base, ``base_id``, by its name
+    as the manifest has it)."""
+    if getattr(data_file, "base_id", None) is not None or "://" in data_file.path:
+        return data_file.path, False
+    if "://" in uri:
+        return posixpath.join(uri, "data", data_file.path), False
+    return os.path.join(uri, "data", data_file.path), True
+
+
+def _lance_culprit(
+    dataset: Any, uri: str, wanted: list[str] | None, message: str, failures: tuple
+) -> str | None:
+    """The data file a scan of `dataset` failed on (only after a failure):
+    the one its error names, else one missing or of another size than the
+    manifest says, else the first that fails when its columns are read
+    alone; ``None`` if none does."""
+    files = [
+        (fragment, data_file, *_lance_file(uri, data_file))
+        for fragment in dataset.get_fragments()
+        for data_file in fragment.data_files()
+    ]
+    for _, data_file, path, _ in files:
+        if data_file.path in message:
+            return path
+    for _, data_file, path, local in files:
+        size = data_file.file_size_bytes
+        if local and (not os.path.isfile(path) or (size and os.path.getsize(path) != size)):
+            return path
+    names = {field.id(): field.name() for field in dataset.lance_schema.fields()}
+    for fragment, data_file, path, _ in files:
+        columns = [names[i] for i in data_file.fields if i in names]
+        columns = [c for c in columns if wanted is None or c in wanted]
+        if not columns:
+            continue  # none of its columns is read
+        try:
+            for _ in fragment.to_batches(columns=columns):
+                pass
+        except failures:
+            return path
+    return None

@@ -522,3 +522,120 @@ def test_a_score_recipe_over_a_log_with_no_rows_for_the_population_says_so(ds, t
         ds.apply_sql("loss_ema_weights", alpha=1.0)
     assert "no rows for the population" not in str(info.value)
     assert ds.version == version
+
+
+# -- the per-sample state, kept by the engine ------------------------------------
+def state_of(frame: pl.DataFrame, alpha: float) -> pl.DataFrame:
+    """The state computed from every logged row at once, independently of
+    the engine: per sample and epoch the mean, then the moving average."""
+    per_epoch = frame.group_by("cache_id", "sample_id", "epoch").agg(
+        pl.col("value").mean().alias("loss"), pl.len().alias("rows")
+    )
+    rows = []
+    for (cid, sid), group in per_epoch.group_by("cache_id", "sample_id"):
+        group = group.sort("epoch")
+        ema = None
+        for loss in group["loss"]:
+            ema = loss if ema is None else alpha * loss + (1 - alpha) * ema
+        rows.append(
+            {
+                "cache_id": cid,
+                "sample_id": sid,
+                "count": int(group["rows"].sum()),
+                "first_epoch": int(group["epoch"].min()),
+                "last_epoch": int(group["epoch"].max()),
+                "last_loss": float(group["loss"][-1]),
+                "ema_loss": float(ema),
+            }
+        )
+    return pl.DataFrame(rows).sort("cache_id", "sample_id")
+
+
+def assert_state(got: pl.DataFrame, expected: pl.DataFrame) -> None:
+    got = got.sort("cache_id", "sample_id")
+    exact = ["cache_id", "sample_id", "count", "first_epoch", "last_epoch"]
+    assert got.select(exact).cast(pl.Int64).equals(expected.select(exact).cast(pl.Int64))
+    for column in ("last_loss", "ema_loss"):
+        assert np.allclose(got[column].to_numpy(), expected[column].to_numpy(), rtol=1e-12)
+
+
+def test_the_state_refreshed_each_epoch_equals_every_row_read_at_once(ds):
+    """Four epochs of losses (numpy, torch and lists), a step replayed after
+    a resume and a late segment of an old epoch: after each, the engine's
+    incremental state equals the state of the whole log."""
+    import torch
+
+    log = ds.score_log("loss", run="state")
+    rng = np.random.default_rng(7)
+    for epoch in range(4):
+        for i, batch in enumerate(ds.loader(16, seed=3, epoch=epoch, sampling="replacement")):
+            losses = rng.random(len(batch)) * 3
+            kind = (epoch + i) % 3
+            values = (
+                losses
+                if kind == 0
+                else torch.from_numpy(losses).float()
+                if kind == 1
+                else list(losses)
+            )
+            log.append_batch(batch, values, epoch=epoch)
+            if i % 3 == 0:
+                log.flush()  # several segments an epoch
+        assert_state(log.state(alpha=0.3), state_of(log.frame(), 0.3))
+    # a replayed step of epoch 3 replaces its rows; then a late row of epoch 0
+    first = next(iter(ds.loader(16, seed=3, epoch=3, sampling="replacement")))
+    log.append_batch(first, [100.0] * len(first), epoch=3)
+    assert_state(log.state(alpha=0.3), state_of(log.frame(), 0.3))
+    log.append([first.cache_id[0]], [first.sample_id[0]], [42.0], epoch=0, position=10**6)
+    assert_state(log.state(alpha=0.3), state_of(log.frame(), 0.3))
+    # another alpha is another state; the SQL table is the same frame
+    table = log.register_state("score_state", alpha=1.0)
+    assert_state(table, state_of(log.frame(), 1.0))
+    by_sql = ds.sql("SELECT count(*) AS n, sum(count) AS rows FROM score_state")
+    assert by_sql.row(0) == (table.height, log.frame().height)
+
+
+def test_state_refuses_a_bad_alpha_and_values_that_are_not_finite(ds):
+    log = ds.score_log("loss", run="bad")
+    for alpha in (0, -0.5, 1.5, float("nan"), True, "0.5"):
+        with pytest.raises(drt.InvalidInputError, match="alpha"):
+            log.state(alpha=alpha)
+    batch = next(iter(ds.loader(4, seed=1)))
+    for bad in (np.array([1.0, np.nan, 2.0, 3.0]), np.array([np.inf] * 4)):
+        with pytest.raises(drt.InvalidInputError, match="not finite"):
+            log.append_batch(batch, bad, epoch=0)
+    with pytest.raises(drt.InvalidInputError, match="equally long"):
+        log.append_batch(batch, np.ones(3), epoch=0)
+    assert log.frame().height == 0 and log.state().height == 0
+
+
+REWEIGHT = r"""
+import sys
+import datasetrt as drt
+ds = drt.open(sys.argv[1])
+ds.score_log("loss", run="repeat").register("scores")
+number = ds.apply_sql("loss_ema_weights", alpha=0.5)
+print(number)
+print(ds.draws(11, 0, count=400, sampling="replacement", version=number).to_list())
+"""
+
+
+def test_a_recipe_over_a_join_stores_the_same_population_in_fresh_processes(ds):
+    """A recipe without ORDER BY (a join of the population with a score
+    log) stores its rows in one canonical order: run twice in fresh
+    processes, it stores the same rows in the same order, so the same seed
+    draws the same samples."""
+    cid = ds.caches[0]["cache_id"]
+    log = ds.score_log("loss", run="repeat")
+    rng = np.random.default_rng(3)
+    for epoch in range(3):
+        log.append([cid] * N, list(range(N)), rng.random(N), epoch=epoch, position=0)
+    log.flush()
+    root = Path(ds.caches[0]["path"]).parent
+    first, second = (run_child(REWEIGHT, root).split("\n") for _ in range(2))
+    assert first[0] != second[0]  # two snapshots
+    assert first[1] == second[1]  # the same draws
+    ds.refresh()
+    a, b = (ds.get_metadata(int(out[0])) for out in (first, second))
+    assert a.equals(b)
+    assert a.select("cache_id", "sample_id").equals(a.select("cache_id", "sample_id").sort("*"))

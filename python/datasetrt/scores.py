@@ -171,6 +171,8 @@ class ScoreLog:
         self.dataset = dataset
         self.path = log_root(dataset) / self.name
         self._writer = _Writer(self.path / self.run, self.flush_rows)
+        # (run, alpha) -> the engine's incrementally refreshed state
+        self._states: dict[tuple[str, float], Any] = {}
         self._finalizer = weakref.finalize(self, self._writer.flush)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -246,13 +248,18 @@ class ScoreLog:
         when the batch does not carry its draws (a ``transform`` of your own
         that leaves ``draw`` out).
         """
-        if position is None and type(values) is list and type(epoch) is int:
-            native = getattr(batch, "_native", None)
-            if type(native) is _native.Batch:  # the common case: the engine's columns
-                try:
+        native = getattr(batch, "_native", None)
+        if position is None and type(epoch) is int and type(native) is _native.Batch:
+            # the common case: the engine's columns, and values as a list,
+            # a numpy array or a tensor (on any device), passed as one buffer
+            try:
+                if type(values) is list:
                     return self._writer.append_batch(native, values, epoch)
-                except (TypeError, OverflowError):
-                    pass  # the checked path below says what is wrong
+                raw = _float64_bytes(values)
+                if raw is not None:
+                    return self._writer.append_batch_values(native, raw, epoch)
+            except (TypeError, OverflowError, InvalidInputError):
+                pass  # the checked path below says what is wrong
         if isinstance(batch, dict):
             cids, sids, draws = batch["cache_id"], batch["sample_id"], batch.get("draw")
         else:
@@ -309,6 +316,41 @@ class ScoreLog:
         parts = [_newest(self.path / name, name) for name in runs]
         parts = [p for p in parts if p is not None]
         return pl.concat(parts) if parts else pl.DataFrame(schema=SCHEMA)
+
+    def state(self, *, alpha: float = 0.5, run: str | None = None) -> pl.DataFrame:
+        """One row per sample the run scored (``run``, default this log's):
+        ``cache_id``, ``sample_id``, ``count`` (rows logged), ``first_epoch``,
+        ``last_epoch``, ``last_loss`` (the mean of its rows in its newest
+        epoch) and ``ema_loss`` (the moving average of its per-epoch means,
+        newest epoch weighted ``alpha``: ``ema = loss`` at the first epoch,
+        then ``alpha * loss + (1 - alpha) * ema``).
+
+        Kept by the engine and refreshed incrementally: each call reads only
+        the segments flushed since the last call (this process's buffered
+        rows are flushed first), so a call per epoch costs the epoch's rows,
+        not the log's. The answer is always that of the whole log read at
+        once (a replayed step, a late segment of an older epoch: it folds
+        the run again).
+        """
+        self.flush()
+        run = self.run if run is None else check_name(run, "run")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+            raise InvalidInputError(f"alpha must be a number in (0, 1], not {alpha!r}")
+        key = (run, float(alpha))
+        state = self._states.get(key)
+        if state is None:
+            state = _native.ScoreState(os.fspath(self.path / run), float(alpha))
+            self._states[key] = state
+        return pl.DataFrame(state.refresh())
+
+    def register_state(
+        self, table: str = "score_state", *, alpha: float = 0.5, run: str | None = None
+    ) -> pl.DataFrame:
+        """Make :meth:`state` a SQL table of the dataset (default
+        ``score_state``, what the shaped score recipes read); returns it."""
+        frame = self.state(alpha=alpha, run=run)
+        self.dataset.register(table, frame)
+        return frame
 
     def register(self, table: str | None = None, *, run: str | None = None) -> pl.DataFrame:
         """Make :meth:`frame` (of ``run``, or of every run) a SQL table of the
@@ -373,6 +415,17 @@ def _plain(values: Any) -> Any:
     if isinstance(values, pl.Series):
         return values.to_list() if "numpy" not in sys.modules else values.to_numpy()
     return values
+
+
+def _float64_bytes(values: Any) -> bytes | None:
+    """A one-dimensional numpy array or torch tensor of numbers as the bytes
+    of native float64s (a CPU tensor is read without a copy first); ``None``
+    for anything else (the checked path converts and explains)."""
+    values = _plain(values)
+    dtype = getattr(values, "dtype", None)
+    if dtype is None or getattr(values, "ndim", None) != 1 or dtype.kind not in "fiub":
+        return None
+    return values.astype("=f8", copy=False).tobytes()
 
 
 def _ints(values: Any, column: str, *, unsigned: bool = False) -> array.array:
@@ -503,6 +556,11 @@ class _Writer:
         if self.pid != os.getpid():
             self._start()
         self._native.append_batch(batch, values, epoch)  # type: ignore[union-attr]
+
+    def append_batch_values(self, batch: _native.Batch, values: bytes, epoch: int) -> None:
+        if self.pid != os.getpid():
+            self._start()
+        self._native.append_batch_values(batch, values, epoch)  # type: ignore[union-attr]
 
     def append(self, epoch: int, first: int, *columns: bytes | None) -> None:
         if self.pid != os.getpid():

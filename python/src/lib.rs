@@ -99,6 +99,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::PyWriterSpec>()?;
     m.add_class::<imports::PyTarSamples>()?;
     m.add_class::<scores::PyScoreWriter>()?;
+    m.add_class::<scores::PyScoreState>()?;
     #[cfg(feature = "ffi")]
     m.add_class::<ffi::PyTableProvider>()?;
     #[cfg(feature = "distributed")]

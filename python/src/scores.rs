@@ -5,7 +5,11 @@
 
 use std::path::PathBuf;
 
-use datasetrt::catalog::scores::{read_run, read_segment, segments, Positions, ScoreWriter};
+use std::sync::Mutex;
+
+use datasetrt::catalog::scores::{
+    read_run, read_segment, segments, Positions, ScoreState, ScoreWriter,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use pyo3_arrow::PyTable;
@@ -55,6 +59,35 @@ impl PyScoreWriter {
             .py()
     }
 
+    /// Append one row per sample of a loader batch, with its own identities
+    /// and draw positions; `values` the bytes of one native-endian float64
+    /// per row (a numpy array's or a CPU tensor's `tobytes()`).
+    fn append_batch_values(
+        &self,
+        batch: &Bound<'_, PyBatch>,
+        values: &[u8],
+        epoch: u64,
+    ) -> PyResult<()> {
+        let (draws, cache_id, sample_id) = batch.get().identities();
+        if values.len() != 8 * draws.len() {
+            return Err(crate::error::invalid(format!(
+                "a batch of {} rows needs {} values, got {}",
+                draws.len(),
+                draws.len(),
+                values.len() / 8
+            )));
+        }
+        self.inner
+            .append(
+                epoch,
+                Positions::Each(draws),
+                cache_id,
+                sample_id,
+                &words(values, f64::from_ne_bytes),
+            )
+            .py()
+    }
+
     /// Append rows given as buffers of native-endian 8-byte words: positions
     /// from `first` on, or one per row in `positions` (uint64); `cache_id`,
     /// `sample_id` (int64) and `values` (float64).
@@ -94,6 +127,37 @@ impl PyScoreWriter {
     #[getter]
     fn pending(&self) -> usize {
         self.inner.pending()
+    }
+}
+
+/// The per-sample state of one run of a score log, refreshed incrementally
+/// (`datasetrt::catalog::scores::ScoreState`).
+#[pyclass(frozen, module = "datasetrt._native", name = "ScoreState")]
+pub struct PyScoreState {
+    inner: Mutex<ScoreState>,
+}
+
+#[pymethods]
+impl PyScoreState {
+    #[new]
+    fn new(run_dir: PathBuf, alpha: f64) -> PyResult<Self> {
+        Ok(PyScoreState {
+            inner: Mutex::new(ScoreState::new(run_dir, alpha).py()?),
+        })
+    }
+
+    /// Fold the segments published since the last call; the state as an
+    /// Arrow table (one row per sample scored).
+    fn refresh(&self, py: Python<'_>) -> PyResult<PyTable> {
+        let batch = detach(py, || {
+            self.inner
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .refresh()
+        })?
+        .py()?;
+        let schema = batch.schema();
+        PyTable::try_new(vec![batch], schema)
     }
 }
 

@@ -13,6 +13,10 @@
 //! the writer's segment number. Readers keep, per `(epoch, position)`, the
 //! row of the last name (and within one segment the last row), so a step
 //! replayed after a resume replaces its rows ([`read_run`], in `read.rs`).
+//! A segment is sealed by its name: `<crc>` is the CRC-32C of the whole
+//! file, checked before a row is read. [`ScoreState`] (`state.rs`) folds a
+//! run's segments into one row per sample (count, epochs, last and moving
+//! average loss), reading only the segments it has not folded yet.
 //!
 //! A [`ScoreWriter`] buffers appended rows; once `flush_rows` are buffered
 //! it hands them to a background thread that writes the segment (temporary
@@ -37,7 +41,9 @@ use crate::store::{fs as sfs, ipc};
 use crate::{Error, Result};
 
 mod read;
+mod state;
 pub use read::{read_run, read_segment, segments};
+pub use state::{state_schema, ScoreState};
 
 /// Folder of the score logs inside a dataset's snapshot directory.
 pub const SCORES_DIR: &str = "_scores";

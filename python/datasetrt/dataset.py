@@ -499,6 +499,12 @@ class Dataset:
         before :class:`ConflictError` is raised; ``force=True`` commits the
         first result whatever the head.
 
+        A query without an ORDER BY of its own stores its rows sorted by
+        ``cache_id``, ``sample_id`` and then its other columns (a join's rows
+        come in an order that varies from run to run, and the order of the
+        rows decides the draws): the same query over the same inputs stores
+        the same snapshot. Give an ORDER BY to store another order.
+
         Opened with ``workers=[url, ...]``, each worker checks and stores
         the partitions of the rows it computes (in the snapshot directory,
         which it must be able to write) and this process commits them: the

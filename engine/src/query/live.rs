@@ -164,7 +164,7 @@ impl LiveQuery {
             let committed = match self.workers.is_empty() {
                 true => {
                     drop(active);
-                    let (schema, batches) = session.sql(&query).await?;
+                    let (schema, batches) = session.sql_population(&query).await?;
                     blocking(move || this.update(&schema, &batches, &note, Some(base), force)).await
                 }
                 false => {

@@ -254,6 +254,26 @@ impl QuerySession {
                 tables::refuse_reserved(name.table())?;
             }
         }
+        self.run(plan).await
+    }
+
+    /// [`Self::sql`] for a statement whose rows become a population: one
+    /// without an ORDER BY of its own has its rows sorted by `cache_id`,
+    /// `sample_id` and then every other column (but nested ones), so the
+    /// same inputs store the same snapshot and the same draws (a join or a
+    /// repartitioned scan returns rows in an order that varies run to run).
+    pub async fn sql_population(&self, query: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+        let plan = parse::logical_plan(&self.ctx.state(), query).await?;
+        read_only(&plan)?;
+        let plan = match ordered(&plan) {
+            true => plan,
+            false => canonical_order(plan)?,
+        };
+        self.run(plan).await
+    }
+
+    /// Run a checked plan to its rows.
+    async fn run(&self, plan: LogicalPlan) -> Result<(SchemaRef, Vec<RecordBatch>)> {
         let df = self.ctx.execute_logical_plan(plan).await?;
         let task = df.task_ctx();
         let physical = df.create_physical_plan().await?;
@@ -272,4 +292,40 @@ impl QuerySession {
             .collect::<std::result::Result<Vec<_>, _>>()?;
         Ok((schema, batches))
     }
+}
+
+/// Whether a query's rows come in an order it asked for (an ORDER BY at
+/// its top, under the projections, aliases and limits above it).
+fn ordered(plan: &LogicalPlan) -> bool {
+    match plan {
+        LogicalPlan::Sort(_) => true,
+        LogicalPlan::Projection(p) => ordered(&p.input),
+        LogicalPlan::SubqueryAlias(a) => ordered(&a.input),
+        LogicalPlan::Limit(l) => ordered(&l.input),
+        _ => false,
+    }
+}
+
+/// `plan` sorted by `cache_id`, `sample_id`, then its other columns in
+/// order (nested types are left out: they have no order), nulls first.
+fn canonical_order(plan: LogicalPlan) -> Result<LogicalPlan> {
+    use datafusion::logical_expr::{Expr, LogicalPlanBuilder};
+    let schema = plan.schema().clone();
+    let columns: Vec<_> = schema.columns().into_iter().zip(schema.fields()).collect();
+    let identity = ["cache_id", "sample_id"];
+    let mut keys = Vec::with_capacity(columns.len());
+    for name in identity {
+        if let Some((column, _)) = columns.iter().find(|(c, _)| c.name == name) {
+            keys.push(Expr::Column(column.clone()).sort(true, true));
+        }
+    }
+    for (column, field) in &columns {
+        if !identity.contains(&column.name.as_str()) && !field.data_type().is_nested() {
+            keys.push(Expr::Column(column.clone()).sort(true, true));
+        }
+    }
+    if keys.is_empty() {
+        return Ok(plan);
+    }
+    Ok(LogicalPlanBuilder::from(plan).sort(keys)?.build()?)
 }

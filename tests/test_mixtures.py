@@ -583,3 +583,33 @@ def test_exposures_refuse_a_position_past_what_the_epoch_holds(mixed):
     with pytest.raises(drt.InvalidInputError, match="world_size"):
         mixed.exposures({**state, "position": 121}, world_size=3)
     assert mixed.exposures({**state, "position": 100})["count"].sum() == 100
+
+
+def test_balanced_draws_in_a_group_give_each_row_its_floor_or_ceiling_per_epoch(tmp_path):
+    """Inside a mixture group, balanced draws round each row's count over
+    the group's draws in the epoch (3,000 over 995 rows of weights 3 and 1),
+    not pass by pass over its rows: as without a mixture."""
+    import math
+
+    from conftest import Source
+
+    ds = drt.build(
+        tmp_path,
+        [Source("bal-v1", 1000, meta=lambda i: {"g": "a" if i < 995 else "b"})],
+        progress=False,
+    )
+    ds.update_metadata(
+        ds.get_metadata().with_columns(
+            pl.when(pl.col("sample_id") % 2 == 0).then(3.0).otherwise(1.0).alias("weight")
+        )
+    )
+    ds.set_mixture("g", {"a": 1, "b": 1})
+    ids = [
+        s for b in ds.loader(100, seed=5, sampling="balanced", epoch_len=6000) for s in b.sample_id
+    ]
+    counts = collections.Counter(i for i in ids if i < 995)
+    assert sum(counts.values()) == 3000
+    total = sum(3.0 if i % 2 == 0 else 1.0 for i in range(995))
+    for row in range(995):
+        expected = 3000 * (3.0 if row % 2 == 0 else 1.0) / total
+        assert math.floor(expected) <= counts[row] <= math.ceil(expected), (row, counts[row])

@@ -141,7 +141,7 @@ pub struct GroupRows {
     weights: Vec<Vec<f64>>,
     /// Each group's sampler, by (sampling, seed, epoch, group): a change of
     /// shares during an epoch draws on with them.
-    samplers: Mutex<std::collections::HashMap<(Sampling, u64, u64, usize), EpochSampler>>,
+    samplers: Mutex<std::collections::HashMap<(Sampling, u64, u64, usize, u64), EpochSampler>>,
 }
 
 impl GroupRows {
@@ -196,21 +196,28 @@ impl GroupRows {
         })
     }
 
-    /// Group `g`'s sampler (built once per epoch, mode and seed).
+    /// Group `g`'s sampler (built once per epoch, mode, seed and draws).
+    /// `draws` is the group's draws in the epoch: balanced sampling rounds
+    /// each row's count over all of them (one block of `draws`), so a row
+    /// gets the floor or the ceiling of its expected count per epoch, as
+    /// without a mixture; the other modes pass over the group's rows.
     fn sampler(
         &self,
         g: usize,
         value: &str,
-        sampling: Sampling,
-        seed: u64,
-        epoch: u64,
+        (sampling, seed, epoch): (Sampling, u64, u64),
+        draws: u64,
     ) -> Result<EpochSampler> {
-        let key = (sampling, seed, epoch, g);
+        let (rows, weights) = (&self.rows[g], &self.weights[g]);
+        let len = match sampling {
+            Sampling::Balanced => draws.max(1),
+            _ => rows.len() as u64,
+        };
+        let key = (sampling, seed, epoch, g, len);
         let mut kept = self.samplers.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(sampler) = kept.get(&key) {
             return Ok(sampler.clone());
         }
-        let (rows, weights) = (&self.rows[g], &self.weights[g]);
         let sampler = EpochSampler::new(
             sampling,
             rows.len(),
@@ -218,7 +225,7 @@ impl GroupRows {
             None,
             mix_key(seed, value.as_bytes()),
             epoch,
-            rows.len() as u64,
+            len,
         )
         .map_err(|e| Error::invalid(format!("mixture group {value:?}: {e}")))?;
         // this epoch's and the next one's, for every group
@@ -284,18 +291,19 @@ pub fn default_epoch_len(snapshot: &Snapshot, mixture: &Mixture) -> Result<u64> 
         .sum())
 }
 
-/// The sampler of one epoch of `mixture` over `snapshot`: each group of
-/// positive share drawn by `sampling` over its own rows and weights, under
-/// a seed of its own (from the group's value, so a group keeps its
-/// sequence when the shares change).
+/// The sampler of one epoch of `epoch_len` draws of `mixture` over
+/// `snapshot`: each group of positive share drawn by `sampling` over its
+/// own rows and weights, under a seed of its own (from the group's value,
+/// so a group keeps its sequence when the shares change).
 pub fn sampler(
     snapshot: &Snapshot,
     mixture: &Mixture,
-    sampling: Sampling,
-    seed: u64,
-    epoch: u64,
+    (sampling, seed, epoch): (Sampling, u64, u64),
+    epoch_len: u64,
 ) -> Result<EpochSampler> {
     let found = group_rows(snapshot, mixture)?;
+    let interleave = Arc::new(Interleave::new(mixture.shares().clone()));
+    let draws = interleave.counts(epoch_len);
     let parts = mixture.shares().parts();
     let mut groups = Vec::with_capacity(parts.len());
     for (g, value) in mixture.values().iter().enumerate() {
@@ -313,13 +321,12 @@ pub fn sampler(
                 snapshot.number()
             )));
         }
-        let sampler = found.sampler(g, value, sampling, seed, epoch)?;
+        let sampler = found.sampler(g, value, (sampling, seed, epoch), draws[g])?;
         groups.push(Some(Group {
             rows: rows.clone(),
             sampler,
         }));
     }
-    let interleave = Arc::new(Interleave::new(mixture.shares().clone()));
     Ok(EpochSampler::mixture(
         seed,
         epoch,

@@ -644,7 +644,8 @@ impl Segments {
         };
         let sampler = match &seg.mixture {
             Some(m) => {
-                let made = super::mixture::sampler(&snapshot, m, sampling, seed, epoch)?;
+                let made =
+                    super::mixture::sampler(&snapshot, m, (sampling, seed, epoch), epoch_len)?;
                 let draws = made.mixture_draws().expect("a mixture's sampler");
                 EpochSampler::mixture(seed, epoch, Arc::new(draws.continued(seg.base.clone())))
             }

@@ -280,14 +280,16 @@ impl LoaderState {
                 snapshot.fingerprint()
             )));
         }
-        if !self
-            .sampling
-            .draws_as_scheme(self.draws, snapshot.num_partitions())
-        {
+        if !self.sampling.draws_as_scheme(
+            self.draws,
+            snapshot.num_partitions(),
+            snapshot.mixture().is_some(),
+        ) {
             return Err(Error::invalid(format!(
                 "the state was taken by a build that drew {} samples by draw scheme {}; this \
                  build draws scheme {DRAW_SCHEME} (see DRAW_SCHEME: 2 weighted a partition by \
-                 its mass, then a row of it; 3 walks balanced blocks in a seeded order), a \
+                 its mass, then a row of it; 3 walks balanced blocks in a seeded order; 4 \
+                 rounds balanced counts over a mixture group's draws in the epoch), a \
                  different sequence over snapshot {}'s {} partitions, so resuming would repeat \
                  and skip samples. Start the epoch anew (or resume with the build that took the \
                  state)",
@@ -451,16 +453,20 @@ mod tests {
         let old = LoaderState::from_fields(&f, "?").unwrap();
         assert_eq!(old.draws, 1);
         // its draws are this build's except weighted ones over partitions
-        assert!(Sampling::Permutation.draws_as_scheme(old.draws, 40));
-        assert!(Sampling::Replacement.draws_as_scheme(old.draws, 1));
-        assert!(!Sampling::Replacement.draws_as_scheme(old.draws, 2));
-        assert!(!Sampling::Balanced.draws_as_scheme(old.draws, 2));
+        assert!(Sampling::Permutation.draws_as_scheme(old.draws, 40, false));
+        assert!(Sampling::Replacement.draws_as_scheme(old.draws, 1, false));
+        assert!(!Sampling::Replacement.draws_as_scheme(old.draws, 2, false));
+        assert!(!Sampling::Balanced.draws_as_scheme(old.draws, 2, false));
         // balanced lookups walk their blocks in a seeded order since scheme 3
-        assert!(!Sampling::Balanced.draws_as_scheme(old.draws, 1));
-        assert!(!Sampling::Balanced.draws_as_scheme(2, 1));
-        assert!(Sampling::Replacement.draws_as_scheme(2, 40));
-        assert!(Sampling::WeightedWithoutReplacement.draws_as_scheme(2, 40));
-        assert!(!Sampling::Permutation.draws_as_scheme(4, 1));
+        assert!(!Sampling::Balanced.draws_as_scheme(old.draws, 1, false));
+        assert!(!Sampling::Balanced.draws_as_scheme(2, 1, false));
+        assert!(Sampling::Replacement.draws_as_scheme(2, 40, false));
+        assert!(Sampling::WeightedWithoutReplacement.draws_as_scheme(2, 40, false));
+        assert!(!Sampling::Permutation.draws_as_scheme(5, 1, false));
+        // scheme 4 changed balanced draws inside a mixture only
+        assert!(Sampling::Balanced.draws_as_scheme(3, 2, false));
+        assert!(!Sampling::Balanced.draws_as_scheme(3, 2, true));
+        assert!(Sampling::Replacement.draws_as_scheme(3, 2, true));
     }
 
     #[test]

@@ -21,8 +21,11 @@ use crate::{Error, Result};
 /// weighted draws without replacement. 3: as 2, but a balanced lookup
 /// walks each block of 256 rows in a seeded order (in row order, a pattern
 /// repeating with the rows was rounded alike in every block); only
-/// balanced draws differ from 2.
-pub const DRAW_SCHEME: u64 = 3;
+/// balanced draws differ from 2. 4: as 3, but balanced draws inside a
+/// mixture group round over the group's draws in the epoch (3 rounded each
+/// pass over the group's rows anew); only balanced draws under a mixture
+/// differ from 3.
+pub const DRAW_SCHEME: u64 = 4;
 
 /// How the rows of an epoch are drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,11 +67,13 @@ impl Sampling {
     }
 
     /// Whether this mode's draws under draw scheme `scheme`, over a
-    /// snapshot of `partitions` partitions, are the draws this build makes.
-    pub fn draws_as_scheme(self, scheme: u64, partitions: usize) -> bool {
+    /// snapshot of `partitions` partitions (with a `mixture` or not), are
+    /// the draws this build makes.
+    pub fn draws_as_scheme(self, scheme: u64, partitions: usize, mixture: bool) -> bool {
         let balanced = self == Sampling::Balanced;
         match scheme {
             DRAW_SCHEME => true,
+            3 => !(balanced && mixture),
             2 => !balanced,
             1 => !balanced && (partitions == 1 || self != Sampling::Replacement),
             _ => false,

@@ -164,7 +164,9 @@ impl Snapshot {
             return Ok(sampler.clone());
         }
         let sampler = match mixture {
-            Some(m) => crate::catalog::mixture::sampler(self, m, sampling, seed, epoch)?,
+            Some(m) => {
+                crate::catalog::mixture::sampler(self, m, (sampling, seed, epoch), epoch_len)?
+            }
             None => {
                 let partitioned = match sampling {
                     Sampling::Replacement | Sampling::Balanced => Some(self.partitioned()?),

@@ -131,6 +131,9 @@ impl MixtureLines {
     }
 }
 
+/// A group's sampler by mode, seed, epoch, group and balanced block length.
+type SamplerKey = (Sampling, u64, u64, usize, u64);
+
 /// The rows of each group of a mixture in one population, and each
 /// group's weights: found once per population and grouping, whatever the
 /// shares (a mixture changed during a run keeps its groups).
@@ -139,9 +142,9 @@ pub struct GroupRows {
     /// By the mixture's values; empty for a value no row has.
     rows: Vec<Arc<[u32]>>,
     weights: Vec<Vec<f64>>,
-    /// Each group's sampler, by (sampling, seed, epoch, group): a change of
+    /// Each group's sampler, by [`SamplerKey`]: a change of
     /// shares during an epoch draws on with them.
-    samplers: Mutex<std::collections::HashMap<(Sampling, u64, u64, usize, u64), EpochSampler>>,
+    samplers: Mutex<std::collections::HashMap<SamplerKey, EpochSampler>>,
 }
 
 impl GroupRows {

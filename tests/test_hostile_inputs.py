@@ -234,6 +234,11 @@ SURROGATE_CALLS = {
         "record 2: metadata key 's'",
         1,
     ),
+    "open: an s3:// URL": (
+        lambda ds, tmp, src: drt.open(f"s3://bu{SURROGATE}cket/root"),
+        "the URL",
+        7,
+    ),
     "build: codec": (
         lambda ds, tmp, src: drt.build(
             tmp, [src("codec-v1", 3)], codec=f"zs{SURROGATE}td", progress=False

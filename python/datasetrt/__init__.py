@@ -243,8 +243,10 @@ def open(
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
+    # a URL is text (a local path may hold bytes that are not UTF-8)
+    paths = [check_text(os.fspath(p), "the URL") if _is_url(p) else p for p in paths]
     return Dataset(
-        list(paths),
+        paths,
         snapshot_dir=snapshot_dir,
         storage_options=storage_options,
         cache_dir=cache_dir,

@@ -221,7 +221,7 @@ def committed(ds):
 
 def test_the_controller_moves_the_mixture_to_the_larger_losses(ds):
     log = ds.score_log("loss", run="exp1")
-    ctl = MixtureController(ds, "source", every=2, eta=1.0, log=log)
+    ctl = MixtureController(ds, "source", every=2, eta=1.0, log=log, signal="loss")
     start = ds.version  # construction committed the uniform mixture
     assert committed(ds) == pytest.approx(dict.fromkeys(["books", "code", "web"], 1 / 3), abs=1e-4)
     results, versions, rows = {}, {}, {}
@@ -308,7 +308,7 @@ def test_a_restored_controller_continues_exactly(ds):
 
 def test_a_window_reads_the_newest_rows_and_waits_for_new_ones(ds):
     log = ds.score_log("loss", run="w")
-    ctl = MixtureController(ds, "source", every=1, eta=1.0, log=log, window=45)
+    ctl = MixtureController(ds, "source", every=1, eta=1.0, log=log, window=45, signal="loss")
     meta = ds.get_metadata()[:90]
     losses = [LOSS[s] for s in meta["source"]]
     log.append(meta["cache_id"], meta["sample_id"], losses, epoch=0, position=0)
@@ -323,7 +323,7 @@ def test_a_window_reads_the_newest_rows_and_waits_for_new_ones(ds):
 
 def test_the_groups_named_are_the_mixture(ds):
     log = ds.score_log("loss", run="exp1")
-    ctl = MixtureController(ds, "label", {0: 1, 1: 1}, every=1, eta=1.0, log=log)
+    ctl = MixtureController(ds, "label", {0: 1, 1: 1}, every=1, eta=1.0, log=log, signal="loss")
     assert committed(ds) == {"0": 0.5, "1": 0.5}
     meta = ds.get_metadata()
     # losses of labels 0-3; labels 2 and 3 have no share and are ignored
@@ -331,6 +331,84 @@ def test_the_groups_named_are_the_mixture(ds):
     log.append(meta["cache_id"], meta["sample_id"], [1.0, 2.0, 9.0, 9.0] * 2, epoch=0, position=0)
     shares = ctl.update()
     assert set(shares) == {"0", "1"} and shares["1"] > 0.5 > shares["0"]
+
+
+def unlearnable_run(ds, signal, **kw):
+    """Twelve updates of a controller over three groups: web's loss falls
+    from 2.0 to 0.9, books' from 1.0 to 0.45, code's stays 2.5 (its labels
+    are random: it cannot be learned, and its raw loss is the highest).
+    The shares after each update."""
+    log = ds.score_log("loss", run=f"unlearnable-{signal}")
+    ctl = MixtureController(
+        ds, "source", every=1, eta=2.0, floor=0.02, log=log, signal=signal, **kw
+    )
+    meta = ds.get_metadata()
+    shares = []
+    for t in range(12):
+        loss = {"web": 2.0 - 0.1 * t, "code": 2.5, "books": 1.0 - 0.05 * t}
+        values = [loss[g] for g in meta["source"]]
+        log.append(meta["cache_id"], meta["sample_id"], values, epoch=t, position=0)
+        shares.append(ctl.update())
+    return ctl, shares
+
+
+def test_raw_loss_steers_toward_a_group_that_cannot_be_learned(ds):
+    """The trap: raw loss gives the unlearnable group ever more draws."""
+    _, shares = unlearnable_run(ds, "loss")
+    assert shares[-1]["code"] > 0.9 and shares[-1]["code"] > shares[0]["code"]
+
+
+def test_learning_progress_pushes_a_group_that_cannot_be_learned_to_the_floor(ds):
+    ctl, shares = unlearnable_run(ds, "progress")
+    assert shares[0] == pytest.approx(
+        {"web": 1 / 3, "code": 1 / 3, "books": 1 / 3}
+    )  # no history yet
+    assert shares[-1]["code"] == pytest.approx(0.02, abs=1e-9)  # the floor
+    # progress 0.1 (web) against 0.05 (books) a step: web leads, books above code
+    assert shares[1]["web"] > shares[1]["books"] > shares[1]["code"]
+    assert shares[-1]["web"] == max(shares[-1].values())
+    # a restored controller continues from the same previous losses
+    state = ctl.state_dict()
+    assert state["previous"] == pytest.approx({"web": 0.9, "code": 2.5, "books": 0.45})
+    again = MixtureController(ds, "source", every=1, eta=2.0, floor=0.02, log=ctl.log)
+    again.load_state_dict(state)
+    assert again.previous == ctl.previous and again.shares == ctl.shares
+
+
+def test_excess_loss_over_a_reference_column_pushes_an_unlearnable_group_down(ds):
+    """The reference model fails on code too (random labels): its excess
+    loss is small, while web's and books' is what is left to learn."""
+    reference = {"web": 0.3, "code": 2.45, "books": 0.1}
+    ds.update_metadata(
+        ds.get_metadata().with_columns(
+            pl.col("source").replace_strict(reference, return_dtype=pl.Float64).alias("il_loss")
+        )
+    )
+    by_column, shares = unlearnable_run(ds, "excess", reference="il_loss")
+    assert by_column.reference == pytest.approx(reference)
+    assert shares[-1]["code"] == pytest.approx(0.02, abs=1e-3)
+    assert shares[-1]["web"] > 0.5
+    _, by_dict = unlearnable_run(ds, "excess", reference=reference)
+    assert by_dict[-1] == pytest.approx(shares[-1])
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"signal": "gradient"}, "signal must be one of"),
+        ({"signal": "excess"}, "needs reference"),
+        ({"signal": "excess", "reference": "nope"}, "no column 'nope'"),
+        ({"signal": "excess", "reference": {"web": 1.0}}, "no loss for group"),
+        (
+            {"signal": "excess", "reference": {"web": 1.0, "code": float("nan"), "books": 0}},
+            "finite",
+        ),
+        ({"signal": "loss", "reference": "label"}, "reference is for"),
+    ],
+)
+def test_bad_signals_and_references_are_refused(ds, kw, match):
+    with pytest.raises(drt.InvalidInputError, match=match):
+        MixtureController(ds, "source", **kw)
 
 
 BAD_CONTROLLERS = [

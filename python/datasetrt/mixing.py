@@ -1,10 +1,12 @@
 """Online data mixing: a controller that moves a mixture's shares toward the
-groups the model finds hard, from the score log.
+groups the model is still learning, from the score log.
 
 Every ``every`` steps :class:`MixtureController` reads each group's mean loss
 from the score log (the SQL recipe ``sql/group_losses.sql``, run with
-:meth:`Dataset.sql`), makes an exponentiated-gradient step on the group
-shares (:func:`eg_update`), as online data mixing does (Albalak et al. 2023,
+:meth:`Dataset.sql`), turns it into a signal (learning progress by default,
+or excess loss over a reference; raw loss is a trap under noise), makes an
+exponentiated-gradient step on the group shares (:func:`eg_update`), as
+online data mixing does (Albalak et al. 2023,
 "Efficient Online Data Mixing For Language Model Pre-Training") and DoReMi
 (Xie et al. 2023) on excess losses, and commits the shares with
 :meth:`Dataset.set_mixture`. The mixture is part of the population, so every
@@ -241,9 +243,14 @@ def group_losses(
     return dataset.sql(query.replace("{column}", _identifier(column))).cast(SCHEMA)
 
 
+#: The signals a :class:`MixtureController` steers by.
+SIGNALS = ("progress", "excess", "loss")
+
+
 class MixtureController:
     """Online data mixing: every ``every`` steps, group shares by ``column``
-    updated from the groups' mean logged loss and committed as the mixture.
+    updated from a signal of the groups' mean logged loss and committed as
+    the mixture.
 
     - ``dataset``, ``column``: the mixture's column (a metadata column of
       its own: not ``cache_id``, ``sample_id`` or ``weight``).
@@ -269,6 +276,23 @@ class MixtureController:
       previous update (after its newest ``(epoch, position)``); an int, the
       newest ``window`` rows of the run, read again by later updates (a
       moving estimate), and an update without a new row changes nothing.
+    - ``signal``: what a group's share grows with.
+
+      - ``"progress"`` (default): learning progress, how much the group's
+        mean loss fell since the previous update that read it
+        (``max(0, previous - now)``). A group whose loss does not fall
+        (it cannot be learned: random labels, junk; or it is learned
+        already) gains nothing and is pushed toward the floor. A group's
+        first update gives it no signal (it keeps its share).
+      - ``"excess"``: excess loss, the group's mean loss minus its
+        reference loss (``max(0, loss - reference)``, DoReMi's signal):
+        what a model trained on clean data does better on it. The
+        reference is ``reference``: a metadata column of per-sample
+        reference losses (averaged over the group's rows of positive
+        weight, as the controller starts) or a dict group -> loss.
+      - ``"loss"``: the raw mean loss. A trap under noise: a group that
+        cannot be learned keeps the highest loss, so it attracts draws for
+        good (``docs/training.md``).
 
     Each update registers the log as SQL table ``scores`` (replacing a
     table of that name), reads the losses with :func:`group_losses` and
@@ -301,9 +325,14 @@ class MixtureController:
         log: ScoreLog | str = "loss",
         run: str | None = None,
         window: int | None = None,
+        signal: str = "progress",
+        reference: str | Mapping[Any, float] | None = None,
     ):
         self.dataset = dataset
         self.column = _check_column(dataset, column)
+        if signal not in SIGNALS:
+            raise InvalidInputError(f"signal must be one of {SIGNALS}, not {signal!r}")
+        self.signal = signal
         self.every = check_int(every, "every", 1)
         self.eta = check_eta(eta)
         self.window = None if window is None else check_int(window, "window", 1, _UNBOUNDED)
@@ -333,6 +362,10 @@ class MixtureController:
                     f"{unknown}; its groups: {groups}"
                 )
         self.floor = check_floor(floor, len(start))
+        #: Each group's reference loss (``signal="excess"``), else None.
+        self.reference = _reference(dataset, self.column, list(start), signal, reference)
+        #: Each group's mean loss at the last update that read it.
+        self.previous: dict[str, float] = {}
         #: The shares held now (committed when they moved, see the class).
         self.shares: dict[str, float] = eg_update(start, {}, self.eta, self.floor)
         #: The newest (epoch, position) an update read, or None.
@@ -376,17 +409,32 @@ class MixtureController:
         losses = {
             g: v for g, v in zip(frame["value"], frame["loss"], strict=True) if g in self.shares
         }
-        self.shares = eg_update(self.shares, losses, self.eta, self.floor)
+        self.shares = eg_update(self.shares, self._signal(losses), self.eta, self.floor)
         self._sync()
         return dict(self.shares)
 
+    def _signal(self, losses: dict[str, float]) -> dict[str, float]:
+        """The groups' signal from their mean losses now (see the class)."""
+        if self.signal == "loss":
+            return losses
+        if self.signal == "excess":
+            assert self.reference is not None
+            return {g: max(0.0, v - self.reference[g]) for g, v in losses.items()}
+        progress = {
+            g: max(0.0, self.previous[g] - v) for g, v in losses.items() if g in self.previous
+        }
+        self.previous.update(losses)
+        return progress
+
     def state_dict(self) -> dict[str, Any]:
         """The controller's state, for a checkpoint: the shares (exact; the
-        committed ones are rounded) and the newest row read."""
+        committed ones are rounded), the newest row read and the groups'
+        previous losses (``signal="progress"``)."""
         return {
             "column": self.column,
             "shares": dict(self.shares),
             "newest": None if self.newest is None else list(self.newest),
+            "previous": dict(self.previous),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -405,7 +453,16 @@ class MixtureController:
             if not isinstance(newest, (tuple, list)) or len(newest) != 2:
                 raise InvalidInputError(f"the state's newest must be [epoch, position]: {newest!r}")
             newest = (check_int(newest[0], "newest epoch"), check_int(newest[1], "newest position"))
+        previous = state.get("previous") or {}
+        if not isinstance(previous, Mapping) or not all(
+            g in self.shares and isinstance(v, (int, float)) and math.isfinite(v)
+            for g, v in previous.items()
+        ):
+            raise InvalidInputError(
+                f"the state's previous losses are not group -> loss: {previous!r}"
+            )
         self.shares, self.newest = shares, newest
+        self.previous = {g: float(v) for g, v in previous.items()}
         self._sync()
 
     # -- the committed mixture ------------------------------------------------------
@@ -457,6 +514,53 @@ def _groups(dataset: Dataset, column: str) -> list[str]:
     if frame.height == 0:
         raise InvalidInputError(f"column {column!r} has no value with rows of positive weight")
     return frame["value"].to_list()
+
+
+def _reference(
+    dataset: Dataset, column: str, groups: list[str], signal: str, reference: object
+) -> dict[str, float] | None:
+    """Each group's reference loss for ``signal="excess"`` (None for the
+    others, which take no reference): a dict's, or a column's mean over the
+    group's rows of positive weight."""
+    if signal != "excess":
+        if reference is not None:
+            raise InvalidInputError(f'reference is for signal="excess", not {signal!r}')
+        return None
+    if isinstance(reference, Mapping):
+        got = {str(g): v for g, v in reference.items()}
+        missing = sorted(set(groups) - set(got))
+        if missing:
+            raise InvalidInputError(f"reference has no loss for group(s) {missing}")
+        bad = {g: v for g, v in got.items() if g in groups and not _finite_number(v)}
+        if bad:
+            raise InvalidInputError(f"reference losses must be finite numbers: {bad}")
+        return {g: float(got[g]) for g in groups}
+    if not isinstance(reference, str):
+        raise InvalidInputError(
+            'signal="excess" needs reference: a metadata column of reference losses, '
+            f"or a dict group -> loss; got {reference!r}"
+        )
+    columns = dataset.get_metadata().columns
+    if reference not in columns:
+        raise InvalidInputError(
+            f"the population has no column {reference!r}; its columns: {columns}"
+        )
+    group, ref = _identifier(column), _identifier(reference)
+    frame = dataset.sql(
+        f"SELECT CAST({group} AS VARCHAR) AS value, avg(CAST({ref} AS DOUBLE)) AS loss, "
+        f"count({ref}) AS n FROM metadata WHERE weight > 0 GROUP BY 1"
+    )
+    found = {v: loss for v, loss, n in frame.iter_rows() if n > 0}
+    missing = sorted(g for g in groups if g not in found or not _finite_number(found[g]))
+    if missing:
+        raise InvalidInputError(
+            f"column {reference!r} has no finite reference loss for group(s) {missing}"
+        )
+    return {g: float(found[g]) for g in groups}
+
+
+def _finite_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _score_log(dataset: Dataset, log: object, run: str | None) -> ScoreLog:

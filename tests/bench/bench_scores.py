@@ -24,7 +24,15 @@ measured in the same run:
   Shown apart: reading the log (``register``: read, deduplicate). Baseline:
   the same join and group-by in polars. Target: the SQL join <= 10 s at 10^8.
 
+- (d) the loop's bookkeeping (issue 50): ``append_batch`` of 128 losses as
+  a list, a numpy array and a CPU tensor (target <= 50 us), and per epoch
+  ``register_state`` (the engine folds only the new segments) plus weights
+  from the state, at ``--loop`` populations (default 12,000 and 10^7:
+  targets 20 ms and 1 s), against ``register`` plus the window-function
+  ``loss_ema_weights`` recipe over every logged row (up to 10^6).
+
     python tests/bench/bench_scores.py [--rows N] [--values N] [--population N]
+    python tests/bench/bench_scores.py --only-loop --loop 12000 10000000
 """
 
 from __future__ import annotations
@@ -238,6 +246,86 @@ def bench_sql(root: Path, rows: int, population: int) -> None:
     print(f"    log.register (read + deduplicate):     {registered:7.2f} s")
 
 
+SHAPED = (
+    "SELECT m.* EXCLUDE (weight), coalesce(s.ema_loss, a.mean) AS weight "
+    "FROM metadata m LEFT JOIN score_state s USING (cache_id, sample_id) "
+    "CROSS JOIN (SELECT avg(ema_loss) AS mean FROM score_state) a"
+)
+
+
+def bench_loop(root: Path, population: int, epochs: int) -> None:
+    """(d) The loop's bookkeeping per step and per epoch (issue 50 section 1)."""
+    import torch
+
+    ds = drt.build(root, [Payloads(population, 16)], codec="none", progress=False)
+    log = ds.score_log("loss", run="loop", flush_rows=1 << 22)
+    rng = np.random.default_rng(2)
+    batch = next(iter(ds.loader(128, seed=1)))
+    numpy_losses = rng.random(128)
+    kinds = {
+        "list": numpy_losses.tolist(),
+        "numpy float64": numpy_losses,
+        "torch float32 (CPU)": torch.from_numpy(numpy_losses).float(),
+    }
+    t0 = time.perf_counter()
+    for _ in range(200):
+        next(iter(ds.loader(128, seed=1)))
+    read = (time.perf_counter() - t0) / 200
+    print(f"(d) the loop's bookkeeping over {population:,} samples")
+    print(f"    a loader's first batch of 128 (start + next): {read * 1e6:8.1f} us (baseline)")
+    for kind, values in kinds.items():
+        took = []
+        for _ in range(2000):
+            t0 = time.perf_counter()
+            log.append_batch(batch, values, epoch=0)
+            took.append(time.perf_counter() - t0)
+        median = statistics.median(took)
+        print(
+            f"    append_batch of 128 losses, {kind + ':':22s}{median * 1e6:7.1f} us "
+            f"= {median / read:5.1%} of the read (target <= 50 us: {verdict(median <= 50e-6)})"
+        )
+    log.flush()
+    # epochs of every sample's loss; per epoch: the state refreshed (only the
+    # new segments), and weights from it, against the window-function recipe
+    # over every logged row (the previous way)
+    meta = ds.get_metadata()
+    cid, sids = meta["cache_id"][0], meta["sample_id"].to_numpy()
+    state_times, old_times = [], []
+    for epoch in range(1, epochs + 1):
+        for first in range(0, population, 1 << 20):
+            n = min(1 << 20, population - first)
+            log.append(
+                np.full(n, cid, np.int64),
+                sids[first : first + n],
+                rng.random(n),
+                epoch=epoch,
+                position=first,
+            )
+        log.flush()
+        t0 = time.perf_counter()
+        log.register_state("score_state", alpha=0.5)
+        ds.select(SHAPED)
+        state_times.append(time.perf_counter() - t0)
+        if population <= 10**6:
+            t0 = time.perf_counter()
+            log.register("scores")
+            ds.apply_sql("loss_ema_weights", alpha=0.5)
+            old_times.append(time.perf_counter() - t0)
+    target = 0.020 if population <= 12_000 else 1.0 * population / 10**7
+    steady = statistics.median(state_times[1:]) if len(state_times) > 1 else state_times[0]
+    if old_times:
+        old = statistics.median(old_times[1:]) if len(old_times) > 1 else old_times[0]
+        print(
+            f"    register + loss_ema_weights (windows over every row), epoch {epochs}: "
+            f"{old_times[-1] * 1e3:8.1f} ms (baseline; median {old * 1e3:.1f} ms)"
+        )
+    print(
+        f"    register_state + weights from the state, median per epoch: {steady * 1e3:8.1f} ms"
+        + (f" = {steady / old:.2f}x the baseline" if old_times else "")
+        + f" (target <= {target * 1e3:.0f} ms: {verdict(steady <= target)})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=10**7, help="log rows for the SQL join")
@@ -245,13 +333,24 @@ def main() -> None:
     parser.add_argument("--population", type=int, default=10**6, help="samples for the join")
     parser.add_argument("--records", type=int, default=8192, help="16 KiB records for (a)")
     parser.add_argument("--epochs", type=int, default=8, help="loader epochs for (a)")
+    parser.add_argument(
+        "--loop",
+        type=int,
+        nargs="*",
+        default=[12_000, 10**7],
+        help="populations for (d), the loop's bookkeeping",
+    )
+    parser.add_argument("--only-loop", action="store_true", help="run (d) alone")
     args = parser.parse_args()
     print(f"datasetrt {drt.__version__}; scale: --rows {args.rows:,} --values {args.values:,}")
     base = Path(tempfile.mkdtemp(prefix="bench-scores-"))
     try:
-        bench_append(base / "a", args.records, args.epochs)
-        bench_land(base / "b", args.values)
-        bench_sql(base / "c", args.rows, args.population)
+        if not args.only_loop:
+            bench_append(base / "a", args.records, args.epochs)
+            bench_land(base / "b", args.values)
+            bench_sql(base / "c", args.rows, args.population)
+        for population in args.loop:
+            bench_loop(base / f"d{population}", population, 4)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

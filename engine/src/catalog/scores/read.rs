@@ -172,6 +172,11 @@ impl Hasher for KeyHasher {
     fn write_u64(&mut self, key: u64) {
         self.write_u128(u128::from(key));
     }
+
+    // identities `(cache_id, sample_id)` hash as two words, not 16 bytes
+    fn write_i64(&mut self, key: i64) {
+        self.write_u64(key as u64);
+    }
 }
 
 #[cfg(test)]

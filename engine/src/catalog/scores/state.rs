@@ -114,6 +114,36 @@ impl Open {
     }
 }
 
+/// Sample ids below this index a per-cache array; others a hash map.
+const DENSE_SAMPLES: i64 = 1 << 25;
+
+/// Each sample's index in the state, by `(cache_id, sample_id)`: an array
+/// per cache for the ids a cache holds (dense from 0), a hash map for others.
+#[derive(Debug, Default)]
+struct Index {
+    dense: HashMap<i64, Vec<u32>, Fast>,
+    sparse: HashMap<(i64, i64), u32, Fast>,
+}
+
+impl Index {
+    /// The index of `(cache_id, sample_id)`, `next` if it has none yet.
+    fn get_or(&mut self, cache_id: i64, sample_id: i64, next: u32) -> u32 {
+        if !(0..DENSE_SAMPLES).contains(&sample_id) {
+            return *self.sparse.entry((cache_id, sample_id)).or_insert(next);
+        }
+        let slots = self.dense.entry(cache_id).or_default();
+        let at = sample_id as usize;
+        if at >= slots.len() {
+            let grown = (at + 1).max(2 * slots.len()).min(DENSE_SAMPLES as usize);
+            slots.resize(grown, u32::MAX);
+        }
+        if slots[at] == u32::MAX {
+            slots[at] = next;
+        }
+        slots[at]
+    }
+}
+
 /// Why folding a segment incrementally cannot give the whole log's answer.
 struct Refold;
 
@@ -123,7 +153,7 @@ pub struct ScoreState {
     run_dir: PathBuf,
     alpha: f64,
     folded: BTreeSet<PathBuf>,
-    index: HashMap<(i64, i64), u32, Fast>,
+    index: Index,
     ids: Vec<(i64, i64)>,
     sealed: Vec<Sealed>,
     /// The open epochs, at most two.
@@ -146,7 +176,7 @@ impl ScoreState {
             run_dir,
             alpha,
             folded: BTreeSet::new(),
-            index: HashMap::default(),
+            index: Index::default(),
             ids: Vec::new(),
             sealed: Vec::new(),
             open: BTreeMap::new(),
@@ -207,13 +237,22 @@ impl ScoreState {
         if epochs.iter().any(|&e| e < self.sealed_below) {
             return Err(Refold);
         }
-        for i in 0..rows.num_rows() {
-            let sample = self.sample(cache_ids[i], sample_ids[i]);
-            let open = self.open.entry(epochs[i]).or_default();
-            if !open.mark(positions[i]) {
-                return Err(Refold);
+        let mut samples = Vec::new();
+        let mut start = 0;
+        while start < rows.num_rows() {
+            // a run of rows of one epoch (a segment is mostly one)
+            let epoch = epochs[start];
+            let end = start + epochs[start..].iter().take_while(|&&e| e == epoch).count();
+            samples.clear();
+            samples.extend((start..end).map(|i| self.sample(cache_ids[i], sample_ids[i])));
+            let open = self.open.entry(epoch).or_default();
+            for (k, i) in (start..end).enumerate() {
+                if !open.mark(positions[i]) {
+                    return Err(Refold);
+                }
+                open.add(samples[k], values[i]);
             }
-            open.add(sample, values[i]);
+            start = end;
         }
         self.seal();
         Ok(())
@@ -235,7 +274,7 @@ impl ScoreState {
     /// The index of sample `(cache_id, sample_id)`, added if new.
     fn sample(&mut self, cache_id: i64, sample_id: i64) -> usize {
         let next = self.ids.len() as u32;
-        let i = *self.index.entry((cache_id, sample_id)).or_insert(next);
+        let i = self.index.get_or(cache_id, sample_id, next);
         if i == next {
             self.ids.push((cache_id, sample_id));
             self.sealed.push(Sealed::default());
@@ -243,30 +282,33 @@ impl ScoreState {
         i as usize
     }
 
-    /// One row per sample scored, in the order samples were first seen.
+    /// One row per sample scored, in the order samples were first seen:
+    /// the sealed state with the open epochs folded in, epoch by epoch.
     fn batch(&self) -> Result<RecordBatch> {
-        let n = self.ids.len();
-        let mut cache_id = Vec::with_capacity(n);
-        let mut sample_id = Vec::with_capacity(n);
-        let (mut count, mut first, mut last) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut last_loss, mut ema) = (Vec::new(), Vec::new());
-        for (i, &(c, s)) in self.ids.iter().enumerate() {
-            let mut state = self.sealed[i];
-            for (&epoch, open) in &self.open {
-                if let Some((loss, rows)) = open.mean(i) {
-                    state.fold(self.alpha, epoch, loss, rows);
+        let mut states = self.sealed.clone();
+        for (&epoch, open) in &self.open {
+            for (i, (&rows, &sum)) in open.rows.iter().zip(&open.sum).enumerate() {
+                if rows > 0 {
+                    let rows = u64::from(rows);
+                    states[i].fold(self.alpha, epoch, sum / rows as f64, rows);
                 }
             }
-            if state.epochs == 0 {
-                continue;
+        }
+        let n = states.iter().filter(|s| s.epochs > 0).count();
+        let (mut cache_id, mut sample_id) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut count, mut first) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut last, mut last_loss) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut ema = Vec::with_capacity(n);
+        for (state, &(c, s)) in states.iter().zip(&self.ids) {
+            if state.epochs > 0 {
+                cache_id.push(c);
+                sample_id.push(s);
+                count.push(state.count);
+                first.push(state.first_epoch);
+                last.push(state.last_epoch);
+                last_loss.push(state.last_loss);
+                ema.push(state.ema);
             }
-            cache_id.push(c);
-            sample_id.push(s);
-            count.push(state.count);
-            first.push(state.first_epoch);
-            last.push(state.last_epoch);
-            last_loss.push(state.last_loss);
-            ema.push(state.ema);
         }
         let columns: Vec<ArrayRef> = vec![
             Arc::new(Int64Array::from(cache_id)),

@@ -14,7 +14,7 @@ PY_DEPS := $(shell python3 -c 'import tomllib; p = tomllib.load(open("pyproject.
 WHEEL_VENV ?= $(HOME)/.cache/datasetrt-wheel-venv
 WHEEL_DIR ?= $(HOME)/.cache/datasetrt-wheels
 
-.PHONY: venv develop release demo test lint rust-test py-test installed-test sdist-test fuzz bench
+.PHONY: venv develop release demo test lint rust-test py-test installed-test sdist-test fuzz bench bench-loop
 
 $(STAMP): Makefile pyproject.toml
 	python3 -m venv $(VENV)
@@ -122,3 +122,9 @@ bench: release $(S3S_FS)
 	$(PY) tests/bench/bench_mixture.py
 	$(PY) tests/bench/bench_imports.py
 	$(PY) tests/bench/bench_typed.py
+
+# Does the hard-example loop pay? Fashion-MNIST with 40 % label noise, 5 seeds
+# (tests/bench/bench_loop.py; needs torch and Debian's dataset-fashion-mnist,
+# exit 2 without it). Not in `make bench`: it trains for tens of minutes.
+bench-loop: release
+	$(PY) tests/bench/bench_loop.py

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import polars as pl
@@ -22,6 +23,8 @@ TESTED = {
     "focal_weights",
     "cap_weight_per_class",
     "group_losses",
+    "reducible_loss_weights",
+    "loss_ema_weights_shaped",
 }
 
 
@@ -244,3 +247,175 @@ def test_cap_weight_per_class(ds):
         "FROM metadata GROUP BY label"
     )["share"].to_list()
     assert shares == pytest.approx([0.2] * 5)
+
+
+# -- shaped weights from the per-sample score state ---------------------------------
+def il_loss(row: int) -> float | None:
+    """The reference loss of row ``row`` of the fixture: null for every 50th + 7."""
+    return None if row % 50 == 7 else ((row * 7) % 11) / 4
+
+
+def register_state(ds, heavy: int = 5) -> dict[int, float]:
+    """A `score_state` table for rows 0..499 (500..599 unscored): ema_loss by
+    row, the first ``heavy`` rows far above the rest (so a cap binds); returns
+    sample_id -> ema_loss."""
+    meta = ds.get_metadata().unique("sample_id").sort("sample_id")
+    ema = {row: 40.0 + row if row < heavy else ((row * 13) % 23) / 5 for row in range(500)}
+    frame = pl.DataFrame(
+        {
+            "cache_id": meta["cache_id"][:500],
+            "sample_id": meta["sample_id"][:500],
+            "count": pl.Series([3] * 500, dtype=pl.UInt64),
+            "first_epoch": pl.Series([0] * 500, dtype=pl.UInt64),
+            "last_epoch": pl.Series([2] * 500, dtype=pl.UInt64),
+            "last_loss": [ema[r] for r in range(500)],
+            "ema_loss": [ema[r] for r in range(500)],
+        }
+    )
+    ds.register("score_state", frame)
+    return {meta["sample_id"][r]: v for r, v in ema.items()}
+
+
+def with_il_loss(ds, duplicate: int = 0) -> None:
+    """The fixture's population with column il_loss (some null), and its
+    first ``duplicate`` rows once more."""
+    meta = ds.get_metadata().sort("sample_id")
+    meta = meta.with_columns(
+        pl.Series("il_loss", [il_loss(r) for r in range(meta.height)], pl.Float64)
+    )
+    ds.update_metadata(pl.concat([meta, meta.head(duplicate)]))
+
+
+def shaped_weights(scores: list[float | None], shape, floor, cap, anneal, threshold=0.0):
+    """The weight of each row, computed row by row: the shaping of
+    reducible_loss_weights.sql and loss_ema_weights_shaped.sql, with the cap
+    found by fixing the rows over it until none is (not as the SQL finds it)."""
+    f, c, a = min(max(floor, 0.0), 1.0), max(cap, 1.0), min(max(anneal, 0.0), 1.0)
+    k = (c - f) / (1 - f) if f < 1 else 1.0
+    scored = [s for s in scores if s is not None]
+    n = len(scored)
+    if shape == "linear":
+        raw = [max(s, 0.0) for s in scored]
+    elif shape == "rank":  # percent_rank: the share of the other rows below
+        raw = [sum(t < s for t in scored) / (n - 1) if n > 1 else 0.0 for s in scored]
+    else:
+        raw = [1.0 if s > threshold else 0.0 for s in scored]
+    pos = sum(r > 0 for r in raw)
+    if pos == 0 or f >= 1:
+        q = [1.0] * n
+    elif pos * k < n:  # the cap cannot hold the mean: the rest share it
+        q = [k if r > 0 else (n - pos * k) / (n - pos) for r in raw]
+    else:
+        fixed: set[int] = set()
+        while True:
+            lam = (n - len(fixed) * k) / sum(r for i, r in enumerate(raw) if i not in fixed)
+            over = {i for i, r in enumerate(raw) if i not in fixed and lam * r > k * (1 + 1e-9)}
+            if not over:
+                break
+            fixed |= over
+        q = [k if i in fixed else lam * r for i, r in enumerate(raw)]
+    shaped = iter(a + (1 - a) * (f + (1 - f) * x) for x in q)
+    return [1.0 if s is None else next(shaped) for s in scores]
+
+
+def check_shaped(ds, want: dict[int, float], floor: float, cap: float, rows: int = 600) -> None:
+    meta = ds.get_metadata()
+    assert meta.height == rows
+    got = {}
+    for sid, w in zip(meta["sample_id"], meta["weight"], strict=True):
+        assert got.setdefault(sid, w) == pytest.approx(w, rel=1e-12)  # duplicates alike
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+    weights = meta["weight"].to_numpy()
+    mean = weights.mean()
+    assert mean == pytest.approx(1.0, rel=1e-9)
+    assert weights.min() >= min(max(floor, 0), 1) * mean * (1 - 1e-9)
+    assert weights.max() <= max(cap, 1) * mean * (1 + 1e-9)
+
+
+@pytest.mark.parametrize(
+    ("shape", "floor", "cap", "anneal"),
+    [
+        ("rank", 0.1, 2.0, 0.0),
+        ("rank", 0.0, 1.5, 0.0),  # the cap binds on the top ranks
+        ("linear", 0.1, 3.0, 0.0),  # the five heavy rows are capped
+        ("linear", 0.0, 100.0, 0.0),  # no cap binds: weights proportional to the score
+        ("linear", 0.2, 2.0, 0.5),
+        ("threshold", 0.05, 2.0, 0.0),
+        ("threshold", 0.05, 1.2, 0.0),  # too few rows over the threshold for the cap
+        ("rank", 1.0, 2.0, 0.0),  # floor 1: uniform
+        ("linear", 0.1, 0.5, 0.0),  # a cap below 1 is raised to 1: uniform
+        ("rank", -0.5, 2.0, 1.0),  # anneal 1: uniform
+    ],
+)
+def test_reducible_loss_weights(ds, shape, floor, cap, anneal):
+    with_il_loss(ds, duplicate=30)
+    ema = register_state(ds)
+    meta = ds.get_metadata()
+    keys = list(meta["sample_id"])
+    il = list(meta["il_loss"])
+    scores = [
+        None if sid not in ema or loss is None else ema[sid] - loss
+        for sid, loss in zip(keys, il, strict=True)
+    ]
+    weights = shaped_weights(scores, shape, floor, cap, anneal)
+    want = dict(zip(keys, weights, strict=True))
+    ds.apply_sql("reducible_loss_weights", shape=shape, floor=floor, cap=cap, anneal=anneal)
+    check_shaped(ds, want, floor, cap, rows=630)
+    # rows with no score or no reference loss get the mean weight
+    assert all(want[sid] == 1.0 for sid in keys if sid >= 500 or il_loss(sid) is None)
+    if (shape, cap) == ("linear", 100.0):  # uncapped: proportional to the positive scores
+        pos = {s: max(x, 0.0) for s, x in zip(keys, scores, strict=True) if x is not None}
+        ratio = {want[s] / pos[s] for s in pos if pos[s] > 0}
+        assert max(ratio) == pytest.approx(min(ratio), rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("shape", "floor", "cap", "anneal"),
+    [
+        ("linear", 0.0, 100.0, 0.0),
+        ("linear", 0.1, 2.0, 0.0),
+        ("rank", 0.1, 2.0, 0.25),
+        ("threshold", 0.1, 3.0, 0.0),
+    ],
+)
+def test_loss_ema_weights_shaped(ds, shape, floor, cap, anneal):
+    ema = register_state(ds)
+    keys = list(ds.get_metadata()["sample_id"])
+    scores = [ema.get(sid) for sid in keys]
+    mean = sum(ema.values()) / len(ema)
+    weights = shaped_weights(scores, shape, floor, cap, anneal, threshold=mean)
+    want = dict(zip(keys, weights, strict=True))
+    ds.apply_sql("loss_ema_weights_shaped", shape=shape, floor=floor, cap=cap, anneal=anneal)
+    check_shaped(ds, want, floor, cap)
+    if (shape, cap) == ("linear", 100.0):  # unshaped: loss_ema_weights' weights, scaled
+        assert all(math.isclose(want[s] * mean, ema[s], rel_tol=1e-9) for s in ema)
+
+
+def test_shaped_recipes_refuse_an_unknown_shape(ds):
+    with_il_loss(ds)
+    register_state(ds)
+    version = ds.version
+    for recipe in ("reducible_loss_weights", "loss_ema_weights_shaped"):
+        with pytest.raises(drt.DatasetRTError, match="unknown shape"):
+            ds.apply_sql(recipe, shape="ranked", floor=0.1, cap=2.0, anneal=0.0)
+    assert ds.version == version
+
+
+def test_shaped_recipes_without_scores_are_uniform(ds):
+    """An empty score state: nothing to weight by, every row the mean weight."""
+    with_il_loss(ds)
+    frame = pl.DataFrame(
+        schema={
+            "cache_id": pl.Int64,
+            "sample_id": pl.Int64,
+            "count": pl.UInt64,
+            "first_epoch": pl.UInt64,
+            "last_epoch": pl.UInt64,
+            "last_loss": pl.Float64,
+            "ema_loss": pl.Float64,
+        }
+    )
+    ds.register("score_state", frame)
+    for recipe in ("reducible_loss_weights", "loss_ema_weights_shaped"):
+        ds.apply_sql(recipe, shape="rank", floor=0.1, cap=2.0, anneal=0.0)
+        assert (ds.get_metadata()["weight"] == 1.0).all()

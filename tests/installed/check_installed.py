@@ -27,6 +27,8 @@ PARAMS = {
     "dev_subset": {"seed": 7, "fraction": 0.5},
     "hard_examples": {"power": 2},
     "loss_ema_weights": {"alpha": 0.5},
+    "loss_ema_weights_shaped": {"shape": "rank", "floor": 0.1, "cap": 2.0, "anneal": 0.0},
+    "reducible_loss_weights": {"shape": "rank", "floor": 0.1, "cap": 2.0, "anneal": 0.0},
     "focal_weights": {"gamma": 2},
     "cap_weight_per_class": {"cap": 0.3},
     "quality_filter": {"min_quality": 0.5},
@@ -41,7 +43,7 @@ class Squares:
 
     def __iter__(self):
         for i in range(100):
-            meta = {"label": i % 4, "quality": (i * 37 % 100) / 100.0}
+            meta = {"label": i % 4, "quality": (i * 37 % 100) / 100.0, "il_loss": (i % 5) / 4}
             yield drt.CacheInput(pickle.dumps(i * i), meta)
 
 
@@ -71,6 +73,19 @@ def main() -> None:
                 losses["cache_id"], losses["sample_id"], losses["loss"] + 1.0, epoch=0, position=0
             )
         log.register("scores")
+        # the per-sample state the shaped recipes read (score_state)
+        ds.register(
+            "score_state",
+            losses.select(
+                "cache_id",
+                "sample_id",
+                pl.lit(1, pl.Int64).alias("count"),
+                pl.lit(0, pl.UInt64).alias("first_epoch"),
+                pl.lit(0, pl.UInt64).alias("last_epoch"),
+                (pl.col("loss") + 1.0).alias("last_loss"),
+                (pl.col("loss") + 1.0).alias("ema_loss"),
+            ),
+        )
         for recipe, params in sorted(PARAMS.items()):
             ds.checkout(0)
             version = ds.apply_sql(recipe, **params)

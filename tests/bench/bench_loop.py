@@ -35,9 +35,12 @@ Arms (seed s: the same initial weights and epoch-0 draws in every arm):
   (``loss_ema_weights_shaped``, rank: the shape without the reference);
 - mixture variant (``--no-mixture`` skips it): the pool split by index into
   three ``domain`` s, two with their true labels and one whose every label is
-  random; ``M-eq`` fixed equal shares against ``M-loss``, a
-  ``datasetrt.MixtureController`` on the raw loss (``--mix-signal`` passes
-  ``signal=`` once the controller takes one).
+  random; ``M-eq`` fixed equal shares against a ``datasetrt.MixtureController``
+  steering by each of its signals: ``M-loss`` the raw loss (the trap),
+  ``M-prog`` learning progress, ``M-excess`` loss over the reference model's
+  (``il_loss``). The controller's changes land within the epoch, at the
+  first block no reader has claimed (in principle a matter of read-ahead;
+  the runs measured gave the same figures each time).
 
 It prints, per arm, test accuracy per epoch, steps to U's best, final and
 best accuracy, the flipped share of the delivered draws per epoch, and the
@@ -126,6 +129,12 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 STATE_RECIPES = {"reducible_loss_weights", "loss_ema_weights_shaped"}
 MIX_EVERY, MIX_ETA = 20, 0.5  # the controller: an update every 20 steps (~4.7 an epoch)
+# the controller's signals (MixtureController(signal=...)), an arm each
+MIX_ARMS: dict[str, dict[str, Any]] = {
+    "M-loss": {"signal": "loss"},
+    "M-prog": {"signal": "progress"},
+    "M-excess": {"signal": "excess", "reference": "il_loss"},
+}
 DOMAINS = ("a", "b", "c")  # by pool index; "c": every label random
 RANDOM_DOMAIN = "c"
 
@@ -490,11 +499,17 @@ def train_arm(
     return run
 
 
-def train_mixture(
-    ds: drt.Dataset, data: Data, base: int, arm: str, seed: int, epochs: int, signal: str | None
-) -> Run:
+def controller_options(arm: str) -> dict[str, Any]:
+    """``MIX_ARMS[arm]``; none for a datasetrt whose controller has no
+    ``signal=`` (it steers by the raw loss)."""
+    if "signal" in inspect.signature(drt.MixtureController).parameters:
+        return MIX_ARMS[arm]
+    return {}
+
+
+def train_mixture(ds: drt.Dataset, data: Data, base: int, arm: str, seed: int, epochs: int) -> Run:
     """The mixture variant: equal shares of the three domains (``M-eq``) or
-    shares moved by a MixtureController on the score log (``M-loss``)."""
+    shares moved by a MixtureController on the score log (``MIX_ARMS``)."""
     from datasetrt.mixing import MixtureController
 
     ds.checkout(base)
@@ -507,10 +522,11 @@ def train_mixture(
     opt = torch.optim.Adam(net.parameters(), lr=LR)
     run, name = Run(arm, seed), f"{arm}-s{seed}"
     log, ctl = None, None
-    if arm != "M-eq":
+    if arm in MIX_ARMS:
         log = ds.score_log("loss", run=name)
-        extra = {} if signal is None else {"signal": signal}
-        ctl = MixtureController(ds, "domain", equal, every=MIX_EVERY, eta=MIX_ETA, log=log, **extra)
+        ctl = MixtureController(
+            ds, "domain", equal, every=MIX_EVERY, eta=MIX_ETA, log=log, **controller_options(arm)
+        )
     clock = Clock()
     for epoch in range(epochs):
         drawn = []
@@ -739,7 +755,6 @@ def parse() -> argparse.Namespace:
     p.add_argument("--no-shapes", action="store_true", help="skip the other shapes tried")
     p.add_argument("--no-mixture", action="store_true", help="skip the mixture variant")
     p.add_argument("--arms", help="comma-separated arms to run (default: all)")
-    p.add_argument("--mix-signal", help="MixtureController(signal=...) when it takes one")
     p.add_argument(
         "--state",
         choices=("auto", "engine", "polars"),
@@ -760,8 +775,6 @@ def parse() -> argparse.Namespace:
         args.state = "engine" if engine_state(ScoreLog) else "polars"
     elif args.state == "engine" and not engine_state(ScoreLog):
         p.error("this datasetrt has no log.register_state: use --state polars")
-    if args.mix_signal and "signal" not in inspect.signature(drt.MixtureController).parameters:
-        p.error("this datasetrt's MixtureController takes no signal= yet")
     return args
 
 
@@ -771,11 +784,14 @@ def arms_to_run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         arms.update(SHAPES)
     if not args.no_mixture:
         arms["M-eq"] = {"pool": "mix", "recipe": None}
-        arms["M-loss"] = {
-            "pool": "mix",
-            "recipe": "MixtureController",
-            "params": {"every": MIX_EVERY, "eta": MIX_ETA, "signal": args.mix_signal or "loss"},
-        }
+        for arm, options in MIX_ARMS.items():
+            arms[arm] = {
+                "pool": "mix",
+                "recipe": "MixtureController",
+                "params": {"every": MIX_EVERY, "eta": MIX_ETA, **options},
+            }
+        if not controller_options("M-prog"):  # no signals: the raw loss only
+            arms = {a: spec for a, spec in arms.items() if a not in ("M-prog", "M-excess")}
     for spec in arms.values():
         if isinstance(spec.get("params"), str):
             spec["params"] = arms[spec["params"]]["params"]
@@ -833,9 +849,7 @@ def main() -> None:
             for arm, spec in arms.items():
                 t = time.perf_counter()
                 if spec["pool"] == "mix":
-                    run = train_mixture(
-                        ds, data, bases["mix"], arm, seed, args.epochs, args.mix_signal
-                    )
+                    run = train_mixture(ds, data, bases["mix"], arm, seed, args.epochs)
                 else:
                     run = train_arm(
                         ds, data, bases[spec["pool"]], arm, spec, seed, args.epochs, args.state
@@ -881,12 +895,16 @@ def report(args, arms, runs, refs, steps_per_epoch: int, out: Path) -> None:
             f"info  0 % noise control: R0 final - U0 final, median "
             f"{100 * med(gap):+.2f} points (per seed {', '.join(f'{100 * g:+.1f}' for g in gap)})"
         )
-    if "M-loss" in runs:
-        last = [r.domain_share[-1] for r in runs["M-loss"]]
-        print(
-            f"info  mixture on raw loss: the random domain's share of the last epoch's draws, "
-            f"median {med(last):.2f} (equal shares: 0.33)"
-        )
+    for arm in runs:
+        if runs[arm][0].domain_share:
+            share = [float(np.mean(r.domain_share[1:] or r.domain_share)) for r in runs[arm]]
+            last = [r.domain_share[-1] for r in runs[arm]]
+            final = [r.acc[-1] for r in runs[arm]]
+            print(
+                f"info  mixture {arm}: the random domain's share of the draws, median "
+                f"{med(share):.2f} over epochs 1.. and {med(last):.2f} in the last "
+                f"(equal shares: {1 / len(DOMAINS):.2f}); final test accuracy {med(final):.4f}"
+            )
     if args.quick:
         print("(--quick: 1 seed and 4 epochs, a smoke run; the criteria need the full run)")
     figures = {
@@ -902,7 +920,7 @@ def report(args, arms, runs, refs, steps_per_epoch: int, out: Path) -> None:
             "alpha": ALPHA,
             "score_state": args.state,
             "arms": {a: dict(s) for a, s in arms.items()},
-            "mixture": {"every": MIX_EVERY, "eta": MIX_ETA, "signal": args.mix_signal},
+            "mixture": {"every": MIX_EVERY, "eta": MIX_ETA, "arms": MIX_ARMS},
             "datasetrt": drt.__version__,
         },
         "reference": [{"test_acc": r.test_acc, "epochs": r.epochs} for r in refs],

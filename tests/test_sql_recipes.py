@@ -343,8 +343,8 @@ def check_shaped(ds, want: dict[int, float], floor: float, cap: float, rows: int
         ("threshold", 0.05, 2.0, 0.0),
         ("threshold", 0.05, 1.2, 0.0),  # too few rows over the threshold for the cap
         ("rank", 1.0, 2.0, 0.0),  # floor 1: uniform
-        ("linear", 0.1, 0.5, 0.0),  # a cap below 1 is raised to 1: uniform
-        ("rank", -0.5, 2.0, 1.0),  # anneal 1: uniform
+        ("linear", 0.1, 1.0, 0.0),  # cap 1: uniform
+        ("rank", 0.0, 2.0, 1.0),  # anneal 1: uniform
     ],
 )
 def test_reducible_loss_weights(ds, shape, floor, cap, anneal):
@@ -391,14 +391,35 @@ def test_loss_ema_weights_shaped(ds, shape, floor, cap, anneal):
         assert all(math.isclose(want[s] * mean, ema[s], rel_tol=1e-9) for s in ema)
 
 
-def test_shaped_recipes_refuse_an_unknown_shape(ds):
+@pytest.mark.parametrize(
+    ("params", "culprit"),
+    [
+        ({"shape": "ranked"}, "shape"),
+        ({"floor": -0.5}, "floor"),
+        ({"floor": 1.5}, "floor"),
+        ({"cap": 0.5}, "cap"),
+        ({"anneal": 2.0}, "anneal"),
+    ],
+)
+def test_shaped_recipes_refuse_bad_parameters_by_name(ds, params, culprit):
+    """A guardrail out of range is the caller's error, never silently clamped."""
     with_il_loss(ds)
     register_state(ds)
     version = ds.version
+    given = {"shape": "rank", "floor": 0.1, "cap": 2.0, "anneal": 0.0, **params}
     for recipe in ("reducible_loss_weights", "loss_ema_weights_shaped"):
-        with pytest.raises(drt.DatasetRTError, match="unknown shape"):
-            ds.apply_sql(recipe, shape="ranked", floor=0.1, cap=2.0, anneal=0.0)
+        with pytest.raises(drt.InvalidInputError, match=culprit) as info:
+            ds.apply_sql(recipe, **given)
+        assert info.value.column == culprit
     assert ds.version == version
+
+
+def test_reducible_loss_weights_refuse_a_nan_reference(ds):
+    meta = ds.get_metadata().sort("sample_id")
+    ds.update_metadata(meta.with_columns(il_loss=pl.Series([float("nan")] + [1.0] * (meta.height - 1))))
+    register_state(ds)
+    with pytest.raises(drt.InvalidInputError, match="NaN"):
+        ds.apply_sql("reducible_loss_weights", shape="rank", floor=0.1, cap=2.0, anneal=0.0)
 
 
 def test_shaped_recipes_without_scores_are_uniform(ds):

@@ -49,6 +49,9 @@ def test_sql_and_select_on_two_workers_equal_one_process(partitioned, two_worker
         "SELECT cache_id, sample_id FROM metadata WHERE quality > 2.5",
         "SELECT m.sample_id, p.raw_len FROM metadata m "
         "JOIN payloads p USING (cache_id, sample_id) WHERE m.label = 3",
+        # the shaped recipes' window function, where the workers' plans hold it
+        "SELECT sample_id, drt_shape_weights(quality - 1.0, 'rank', 0.1, 2.0, 0.0) "
+        "OVER (PARTITION BY label) AS w FROM metadata",
     ]:
         assert sorted_frame(there.sql(query)).equals(sorted_frame(ds.sql(query))), query
     # a filter-and-reweight commit: the workers compute, this process commits

@@ -89,6 +89,10 @@ pub fn worker() -> Worker {
             &mut state,
             Arc::new(super::udf::drt_uniform()),
         )?;
+        datafusion::execution::FunctionRegistry::register_udwf(
+            &mut state,
+            Arc::new(super::udf::drt_shape_weights()),
+        )?;
         Ok(state)
     })
 }

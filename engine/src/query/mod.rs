@@ -165,6 +165,7 @@ impl QuerySession {
         let state = state.build();
         let ctx = SessionContext::new_with_state(state);
         ctx.register_udf(udf::drt_uniform());
+        ctx.register_udwf(udf::drt_shape_weights());
         let tables = Arc::new(Tables::default());
         let options = ctx.copied_config();
         let defaults = &options.options().catalog;

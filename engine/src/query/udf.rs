@@ -8,12 +8,20 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, AsArray, Float64Array};
-use arrow::datatypes::{DataType, Int64Type};
-use datafusion::error::DataFusionError;
-use datafusion::logical_expr::{create_udf, ColumnarValue, ScalarUDF, Volatility};
+use arrow::array::{Array, ArrayRef, AsArray, Float64Array};
+use arrow::datatypes::{DataType, Field, FieldRef, Float64Type, Int64Type};
+use datafusion::common::ScalarValue;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::function::{PartitionEvaluatorArgs, WindowUDFFieldArgs};
+use datafusion::logical_expr::{
+    create_udf, ColumnarValue, PartitionEvaluator, ScalarUDF, Signature, Volatility, WindowUDF,
+    WindowUDFImpl,
+};
+use datafusion::physical_expr::expressions::Literal;
+use datafusion::physical_expr::PhysicalExpr;
 
-use crate::sample::{draw_bits, unit_f64};
+use crate::sample::{draw_bits, unit_f64, Shape, Shaping};
+use crate::Error;
 
 /// The value of `drt_uniform` for one row.
 pub fn uniform(seed: i64, cache_id: i64, sample_id: i64) -> f64 {
@@ -48,4 +56,129 @@ pub fn drt_uniform() -> ScalarUDF {
             Ok(ColumnarValue::Array(Arc::new(out)))
         }),
     )
+}
+
+/// `drt_shape_weights(score, shape, floor, cap, anneal) OVER (...)`: each
+/// row's weight from its score, shaped over the window's partition by the
+/// one rule of [`crate::sample::Shaping`] (`ScoreLog.reweight` uses it too).
+/// `score` DOUBLE (NULL: no score, weight 1; NaN and infinities are
+/// refused), the others literals: `shape` 'linear', 'rank' or 'threshold',
+/// `floor` and `anneal` in [0, 1], `cap` >= 1. A bad literal is an
+/// `InvalidInputError` naming it, raised when the query is planned.
+pub fn drt_shape_weights() -> WindowUDF {
+    WindowUDF::from(ShapeWeights {
+        signature: Signature::user_defined(Volatility::Immutable),
+    })
+}
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct ShapeWeights {
+    signature: Signature,
+}
+
+/// The literal argument `index` of a window function call, by name.
+fn literal<'a>(
+    args: &'a [Arc<dyn PhysicalExpr>],
+    index: usize,
+    name: &str,
+) -> Result<&'a ScalarValue> {
+    args.get(index)
+        .and_then(|e| e.downcast_ref::<Literal>())
+        .map(Literal::value)
+        .ok_or_else(|| {
+            Error::invalid(format!("drt_shape_weights takes {name} as a literal")).into()
+        })
+}
+
+fn literal_f64(args: &[Arc<dyn PhysicalExpr>], index: usize, name: &str) -> Result<f64> {
+    match literal(args, index, name)?.cast_to(&DataType::Float64)? {
+        ScalarValue::Float64(Some(v)) => Ok(v),
+        _ => Err(
+            Error::invalid(format!("drt_shape_weights: {name} must not be NULL"))
+                .at_column(name, None)
+                .into(),
+        ),
+    }
+}
+
+impl WindowUDFImpl for ShapeWeights {
+    fn name(&self) -> &str {
+        "drt_shape_weights"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        if arg_types.len() != 5 {
+            return Err(Error::invalid(format!(
+                "drt_shape_weights takes (score, shape, floor, cap, anneal), not {} arguments",
+                arg_types.len()
+            ))
+            .into());
+        }
+        let f = DataType::Float64;
+        Ok(vec![f.clone(), DataType::Utf8, f.clone(), f.clone(), f])
+    }
+
+    fn partition_evaluator(
+        &self,
+        args: PartitionEvaluatorArgs,
+    ) -> Result<Box<dyn PartitionEvaluator>> {
+        let exprs = args.input_exprs();
+        let shape = match literal(exprs, 1, "shape")? {
+            ScalarValue::Utf8(Some(s))
+            | ScalarValue::LargeUtf8(Some(s))
+            | ScalarValue::Utf8View(Some(s)) => s.parse::<Shape>()?,
+            other => {
+                return Err(Error::invalid(format!(
+                    "shape must be 'linear', 'rank' or 'threshold', not {other}"
+                ))
+                .at_column("shape", None)
+                .into())
+            }
+        };
+        let (floor, cap, anneal) = (
+            literal_f64(exprs, 2, "floor")?,
+            literal_f64(exprs, 3, "cap")?,
+            literal_f64(exprs, 4, "anneal")?,
+        );
+        Ok(Box::new(ShapeEvaluator(Shaping::new(
+            shape, floor, cap, anneal,
+        )?)))
+    }
+
+    fn field(&self, field_args: WindowUDFFieldArgs) -> Result<FieldRef> {
+        Ok(Arc::new(Field::new(
+            field_args.name(),
+            DataType::Float64,
+            false,
+        )))
+    }
+}
+
+#[derive(Debug)]
+struct ShapeEvaluator(Shaping);
+
+impl PartitionEvaluator for ShapeEvaluator {
+    fn evaluate_all(&mut self, values: &[ArrayRef], num_rows: usize) -> Result<ArrayRef> {
+        let scores = values[0].as_primitive::<Float64Type>();
+        let mut plain = Vec::with_capacity(num_rows);
+        for (row, score) in scores.iter().enumerate() {
+            match score {
+                Some(s) if !s.is_finite() => {
+                    return Err(Error::invalid(format!(
+                        "drt_shape_weights: a score of {s} (a NULL score means none)"
+                    ))
+                    .at_column("score", Some(s.to_string()))
+                    .at_row(row)
+                    .into())
+                }
+                Some(s) => plain.push(s),
+                None => plain.push(f64::NAN),
+            }
+        }
+        Ok(Arc::new(Float64Array::from(self.0.weights(&plain))))
+    }
 }

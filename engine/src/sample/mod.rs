@@ -8,6 +8,7 @@ mod modes;
 mod partitioned;
 mod plan;
 mod rng;
+mod shape;
 mod weights;
 
 pub use alias::AliasTable;
@@ -16,4 +17,5 @@ pub use modes::{EpochSampler, Permutation, Sampling, DRAW_SCHEME};
 pub use partitioned::{PartitionSource, PartitionedWeights};
 pub use plan::DrawPlan;
 pub use rng::{draw_bits, mix_key, unit_f64};
+pub use shape::{Shape, Shaping};
 pub use weights::{mass, Weights};

@@ -639,3 +639,127 @@ def test_a_recipe_over_a_join_stores_the_same_population_in_fresh_processes(ds):
     a, b = (ds.get_metadata(int(out[0])) for out in (first, second))
     assert a.equals(b)
     assert a.select("cache_id", "sample_id").equals(a.select("cache_id", "sample_id").sort("*"))
+
+
+# -- the native reweight (issue 50 section 1) --------------------------------------
+def logged(ds, epochs: int = 3) -> drt.ScoreLog:
+    """A run that scored samples 0..99 of the population (100..119 unscored)
+    over ``epochs`` epochs, and rows of samples the population lacks."""
+    cid = ds.caches[0]["cache_id"]
+    log = ds.score_log("loss", run="rw")
+    rng = np.random.default_rng(5)
+    for epoch in range(epochs):
+        log.append([cid] * 100, list(range(100)), rng.random(100) * 3, epoch=epoch, position=0)
+        log.append([cid + 99] * 5, list(range(5)), [9.0] * 5, epoch=epoch, position=100)
+    return log
+
+
+def with_reference(ds) -> None:
+    """Column il_loss: null for every 9th sample, and 10 rows twice."""
+    meta = ds.get_metadata().sort("sample_id")
+    il = [None if i % 9 == 4 else (i * 7 % 11) / 4 for i in range(meta.height)]
+    meta = meta.with_columns(il_loss=pl.Series(il, dtype=pl.Float64))
+    ds.update_metadata(pl.concat([meta, meta.head(10)]))
+
+
+@pytest.mark.parametrize("shape", ["rank", "linear", "threshold"])
+@pytest.mark.parametrize("reference", ["il_loss", None])
+def test_reweight_equals_its_sql_recipe(ds, shape, reference):
+    """log.reweight commits, natively, the weights the shaped SQL recipe
+    computes over the registered state: one rule, two ways to run it."""
+    with_reference(ds)
+    log = logged(ds)
+    base = ds.version
+    recipe = "reducible_loss_weights" if reference else "loss_ema_weights_shaped"
+    log.register_state("score_state", alpha=0.3)
+    params = {"shape": shape, "floor": 0.1, "cap": 1.8, "anneal": 0.2}
+    by_sql = ds.get_metadata(ds.apply_sql(recipe, **params))
+    ds.checkout(base)
+    native = log.reweight(reference=reference, alpha=0.3, **params)
+    got = ds.get_metadata(native)
+    assert got.drop("weight").equals(ds.get_metadata(base).drop("weight"))  # rows kept as they were
+    keys = ["sample_id", "il_loss"]
+    want = by_sql.sort(keys, nulls_last=True)["weight"].to_numpy()
+    assert np.allclose(got.sort(keys, nulls_last=True)["weight"].to_numpy(), want, rtol=1e-12)
+    weights = got["weight"].to_numpy()
+    assert weights.mean() == pytest.approx(1.0) and len(set(weights.round(9))) > 2
+    assert 0.1 * (1 - 1e-9) <= weights.min() and weights.max() <= 1.8 * (1 + 1e-9)
+    # unscored rows, and rows without a reference, weigh the mean
+    mean_weight = got.filter(pl.col("sample_id") >= 100)["weight"]
+    assert (mean_weight == 1.0).all()
+    if reference:
+        assert (got.filter(pl.col("il_loss").is_null())["weight"] == 1.0).all()
+    assert "reweight by loss/rw" in ds.history()["note"][-1]
+
+
+def test_reweight_follows_new_segments_and_refuses_a_moved_head(ds):
+    log = logged(ds, epochs=1)
+    first = ds.get_metadata(log.reweight(shape="linear", cap=50.0, floor=0.0))
+    cid = ds.caches[0]["cache_id"]
+    # epoch 1: sample 0's loss jumps; alpha 0.5 -> its ema rises, it weighs more
+    log.append([cid], [0], [100.0], epoch=1, position=0)
+    second = ds.get_metadata(log.reweight(shape="linear", cap=50.0, floor=0.0))
+    w = lambda meta: meta.filter(pl.col("sample_id") == 0)["weight"][0]  # noqa: E731
+    assert w(second) > 5 * w(first)
+    other = drt.open(ds.paths[0])
+    other.update_metadata(other.get_metadata())  # another writer moves the head
+    with pytest.raises(drt.ConflictError):
+        log.reweight()
+
+
+@pytest.mark.parametrize(
+    ("options", "match", "column"),
+    [
+        ({"shape": "ranked"}, "shape must be", "shape"),
+        ({"floor": 1.5}, "floor must be", "floor"),
+        ({"cap": 0.9}, "cap must be", "cap"),
+        ({"anneal": -0.1}, "anneal must be", "anneal"),
+        ({"floor": "0.1"}, "floor must be a number", "floor"),
+        ({"alpha": 0.0}, "alpha", "alpha"),
+        ({"reference": "nope"}, "no reference column", "nope"),
+        ({"reference": "label_name"}, "must be numeric", "label_name"),
+        ({"reference": "bad_loss"}, "holds NaN at row 3", "bad_loss"),
+        ({"reference": "inf_loss"}, "holds inf", "inf_loss"),
+    ],
+)
+def test_reweight_refuses_bad_inputs_by_name(ds, options, match, column):
+    meta = ds.get_metadata()
+    bad = [float("nan") if i == 3 else 1.0 for i in range(meta.height)]
+    ds.update_metadata(
+        meta.with_columns(
+            label_name=pl.lit("x"),
+            bad_loss=pl.Series(bad),
+            inf_loss=pl.Series([math.inf] * meta.height),
+        )
+    )
+    log = logged(ds, epochs=1)
+    version = ds.version
+    with pytest.raises(drt.InvalidInputError, match=match) as info:
+        log.reweight(**options)
+    assert info.value.column == column
+    assert ds.version == version
+
+
+def test_population_reports_how_far_weights_collapsed(ds):
+    """The loop's diagnostics: ESS, the draws on the heaviest 1 % of rows,
+    and the draws on rows a predicate picks, against numpy, whole and by label."""
+    with_reference(ds)
+    logged(ds).reweight(reference="il_loss", shape="linear", floor=0.0, cap=20.0)
+    meta = ds.get_metadata()
+    for where in ("il_loss > 1.5", pl.col("il_loss") > 1.5):
+        report = ds.population("label", where=where)
+        for row in report.iter_rows(named=True):
+            group = meta.filter(pl.col("label") == row["label"])
+            w = group["weight"].to_numpy()
+            top = np.sort(w)[::-1][: math.ceil(0.01 * len(w))].sum() / w.sum()
+            hit = group["il_loss"].fill_null(0.0).to_numpy() > 1.5
+            assert row["top_share"] == pytest.approx(top, rel=1e-12)
+            assert row["where_share"] == pytest.approx(w[hit].sum() / w.sum(), rel=1e-12)
+            assert row["ess"] == pytest.approx(w.sum() ** 2 / (w**2).sum(), rel=1e-12)
+    whole = ds.population(where="il_loss > 1.5").row(0, named=True)
+    w = meta["weight"].to_numpy()
+    assert whole["top_share"] == pytest.approx(np.sort(w)[-2:].sum() / w.sum())  # 2 of 130 rows
+    assert whole["top_share"] > 2 / meta.height  # the reweight put more than 1 % there
+    assert "where_share" not in ds.population().columns
+    with pytest.raises(drt.InvalidInputError, match="where"):
+        ds.population(where="no_such_column >")

@@ -671,6 +671,7 @@ class Dataset:
         sampling: str = "replacement",
         epoch_len: int | None = None,
         seed: int = 0,
+        where: str | pl.Expr | None = None,
     ) -> pl.DataFrame:
         """What a run will draw, per value of ``by`` (one row without ``by``,
         or with ``by=[]``).
@@ -678,9 +679,16 @@ class Dataset:
         Columns: ``rows`` and ``row_share``; ``weight_sum`` and
         ``draw_share``, the expected share of the draws; ``draws_per_epoch``
         (for ``sampling`` and ``epoch_len`` as :meth:`loader` takes them);
-        ``ess``, Kish's effective sample size ``(Σw)² / Σw²``; and
+        ``ess``, Kish's effective sample size ``(Σw)² / Σw²``;
         ``max_weight_ratio``, the largest weight over the smallest positive
-        one. ``version`` (a number or a tag) reports on another snapshot.
+        one; and ``top_share``, the share of the draws that land on the
+        heaviest 1 % of the rows (at least one row): how far weights have
+        collapsed. ``where`` (a SQL condition over the metadata columns, as
+        polars' ``pl.sql_expr`` reads it, or a polars expression) adds
+        ``where_share``, the share of the draws on the rows it holds for,
+        e.g. ``where="il_loss > 2"`` or a known ``flipped`` column: print it
+        each epoch of a reweighting loop. ``version`` (a number or a tag)
+        reports on another snapshot.
 
         A snapshot with a mixture (:meth:`set_mixture`) is reported by its
         column when ``by`` is left out. ``draw_share`` is then each group's
@@ -703,6 +711,7 @@ class Dataset:
             sampling=sampling,
             epoch_len=epoch_len,
             seed=check_seed(seed),
+            where=where,
         )
 
     def plot_population(

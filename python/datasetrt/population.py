@@ -30,7 +30,11 @@ COLUMNS = (
     "draws_per_epoch",
     "ess",
     "max_weight_ratio",
+    "top_share",
 )
+
+#: ``top_share`` is the share of the draws on the heaviest this share of rows.
+TOP_ROWS = 0.01
 
 #: The columns a report by a snapshot's mixture column adds.
 MIXTURE_COLUMNS = ("target_share", "delivered_share")
@@ -71,6 +75,7 @@ def _by(frame: pl.DataFrame, by: str | list[str] | None) -> list[str]:
 
 # Per-row columns of a report; the names are not a user's.
 _DRAWN, _EFFECTIVE, _HITS = "__drt_drawn__", "__drt_effective__", "__drt_hits__"
+_TOP, _WHERE = "__drt_top__", "__drt_where__"
 
 
 def _per_row(sampling: str, mixture: Mixture | None) -> list[pl.Expr]:
@@ -109,6 +114,7 @@ def report(
     sampling: str,
     mixture: Mixture | None = None,
     drawn_rows: pl.Series | None = None,
+    where: str | pl.Expr | None = None,
 ) -> pl.DataFrame:
     """The report of ``frame`` for an epoch of ``draws`` draws; see :func:`population`.
 
@@ -119,6 +125,7 @@ def report(
     keys = _by(frame, by)
     w = pl.col("weight")
     e = pl.col(_EFFECTIVE)
+    drawn = pl.col(_DRAWN)
     positive = pl.when(e > 0).then(e)
     aggs = [
         pl.len().cast(pl.Int64).alias("rows"),
@@ -127,7 +134,12 @@ def report(
         # Kish: (Σw)² / Σw², the number of equally weighted rows worth as much
         pl.when((e * e).sum() > 0).then(e.sum() ** 2 / (e * e).sum()).otherwise(0.0).alias("ess"),
         (positive.max() / positive.min()).alias("max_weight_ratio"),
+        # the draws that land on the heaviest 1 % of the rows (at least one)
+        (pl.when(pl.col(_TOP)).then(drawn).otherwise(0.0).sum() / drawn.sum()).alias("top_share"),
     ]
+    if where is not None:
+        matched = pl.when(pl.col(_WHERE).fill_null(False)).then(drawn).otherwise(0.0)
+        aggs.append((matched.sum() / drawn.sum()).alias("where_share"))
     by_mixture = mixture is not None and keys == [mixture[0]]
     if mixture is not None and by_mixture:
         column, shares = mixture
@@ -138,6 +150,11 @@ def report(
         )
         aggs.append(target.first().alias("target_share"))
     rows = frame.with_columns(_per_row(sampling, mixture))
+    over = (lambda x: x.over(keys)) if keys else (lambda x: x)  # noqa: E731
+    heaviest = over(drawn.rank("ordinal", descending=True))
+    rows = rows.with_columns((heaviest <= over((pl.len() * TOP_ROWS).ceil())).alias(_TOP))
+    if where is not None:
+        rows = rows.with_columns(_predicate(where).alias(_WHERE))
     grouped = rows.group_by(keys, maintain_order=True).agg(aggs) if keys else rows.select(aggs)
     total_rows = max(frame.height, 1)
     total_drawn = grouped[_DRAWN].sum() or 1.0
@@ -159,9 +176,25 @@ def report(
                 (pl.col(_HITS).fill_null(0) / max(len(drawn_rows), 1)).alias("delivered_share")
             )
             extra.append("delivered_share")
+    if where is not None:
+        extra.append("where_share")
     if keys:
         out = out.sort(keys, nulls_last=True)
     return out.select(*keys, *COLUMNS, *extra)
+
+
+def _predicate(where: str | pl.Expr) -> pl.Expr:
+    """``where`` as a boolean polars expression (a string is SQL)."""
+    if isinstance(where, pl.Expr):
+        return where.cast(pl.Boolean)
+    if not isinstance(where, str) or not where.strip():
+        raise InvalidInputError(
+            f"population(where=...) takes a SQL condition or a polars expression, not {where!r}"
+        )
+    try:
+        return pl.sql_expr(where).cast(pl.Boolean)
+    except Exception as exc:  # polars' SQL errors have no common base
+        raise InvalidInputError(f"population(where={where!r}): {exc}") from exc
 
 
 def population(
@@ -172,6 +205,7 @@ def population(
     sampling: str = "replacement",
     epoch_len: int | None = None,
     seed: int = 0,
+    where: str | pl.Expr | None = None,
 ) -> pl.DataFrame:
     """See :meth:`datasetrt.Dataset.population`."""
     number, frame = metadata(dataset, version)
@@ -199,7 +233,7 @@ def population(
         drawn_rows = dataset.draws(
             seed, 0, count=count, sampling=sampling, epoch_len=epoch_len, version=number
         )
-    return report(frame, keys, draws, sampling, mixture, drawn_rows)
+    return report(frame, keys, draws, sampling, mixture, drawn_rows, where)
 
 
 def _label(dataset: Dataset, number: int) -> str:

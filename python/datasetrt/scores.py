@@ -332,6 +332,11 @@ class ScoreLog:
         once (a replayed step, a late segment of an older epoch: it folds
         the run again).
         """
+        return pl.DataFrame(self._state(alpha, run).refresh())
+
+    def _state(self, alpha: float, run: str | None) -> _native.ScoreState:
+        """The engine's state of ``run`` (kept per run and ``alpha``), after
+        this process's buffered rows are flushed."""
         self.flush()
         run = self.run if run is None else check_name(run, "run")
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
@@ -341,7 +346,55 @@ class ScoreLog:
         if state is None:
             state = _native.ScoreState(os.fspath(self.path / run), float(alpha))
             self._states[key] = state
-        return pl.DataFrame(state.refresh())
+        return state
+
+    def reweight(
+        self,
+        *,
+        reference: str | None = None,
+        shape: str = "rank",
+        floor: float = 0.1,
+        cap: float = 2.0,
+        anneal: float = 0.0,
+        alpha: float = 0.5,
+        run: str | None = None,
+    ) -> int:
+        """Make the run's losses the weights of the dataset's population
+        (its active snapshot); returns the new snapshot number.
+
+        Each row's score is its ``ema_loss`` (see :meth:`state`), minus its
+        metadata column ``reference`` when one is named: with a reference
+        loss from a model trained on clean held-out data (``il_loss``), the
+        score is the *reducible* loss, which draws what the model can still
+        learn instead of label noise (docs/training.md has the figures).
+        The score is shaped so the weights cannot collapse onto a few rows:
+        ``shape`` ``"rank"`` (the score's percent rank), ``"linear"`` (the
+        score clipped at 0) or ``"threshold"`` (1 where the score is above 0,
+        or above the mean loss without a reference), then scaled to mean 1
+        with every weight between ``floor`` and ``cap`` times the mean
+        weight, and mixed toward uniform by ``anneal`` (1: uniform). A row
+        the run has not scored, or whose reference is null, weighs the mean.
+
+        The same weights as ``ds.apply_sql("reducible_loss_weights", ...)``
+        (with a reference named ``il_loss``) or ``"loss_ema_weights_shaped"``
+        (without), which run the same rule in SQL (``drt_shape_weights``),
+        computed natively: only the segments flushed since the last call are
+        read, and no query is planned. Like :meth:`Dataset.update_metadata`,
+        it raises :class:`ConflictError` if another writer moved the head
+        since the active snapshot was read.
+        """
+        state = self._state(alpha, run)
+        if reference is not None:
+            check_text(reference, "reference")
+        floor, cap, anneal = (
+            _number(value, name) for value, name in ((floor, "floor"), (cap, "cap"), (anneal, "anneal"))
+        )
+        note = f"reweight by {self.name}/{self.run if run is None else run}: shape={shape!r}, " + (
+            f"reference={reference!r}, floor={floor}, cap={cap}, anneal={anneal}, alpha={alpha}"
+        )
+        return state.reweight(
+            self.dataset._native, str(shape), floor, cap, anneal, reference=reference, note=note
+        )
 
     def register_state(
         self, table: str = "score_state", *, alpha: float = 0.5, run: str | None = None
@@ -364,6 +417,14 @@ class ScoreLog:
         frame = self.frame(run)
         self.dataset.register(self.name if table is None else table, frame)
         return frame
+
+
+def _number(value: Any, name: str) -> float:
+    """``value`` as a float, or :class:`InvalidInputError` naming ``name``
+    (its range is the engine's to check)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _invalid(f"{name} must be a number, not {value!r}", name, value)
+    return float(value)
 
 
 def _newest(directory: Path, run: str) -> pl.DataFrame | None:

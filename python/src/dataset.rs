@@ -66,7 +66,7 @@ impl PyDataset {
 
     /// Make `change` (an engine call through `live`) without the GIL; the
     /// number of the snapshot it made active.
-    fn change(
+    pub(crate) fn change(
         &self,
         py: Python<'_>,
         change: impl FnOnce(&LiveQuery) -> datasetrt::Result<Arc<Snapshot>> + Send,

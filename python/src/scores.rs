@@ -8,13 +8,15 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use datasetrt::catalog::scores::{
-    read_run, read_segment, segments, Positions, ScoreState, ScoreWriter,
+    read_run, read_segment, reweighted, segments, Positions, ScoreState, ScoreWriter,
 };
+use datasetrt::sample::{Shape, Shaping};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use pyo3_arrow::PyTable;
 
 use crate::batch::PyBatch;
+use crate::dataset::PyDataset;
 use crate::error::IntoPyResult;
 use crate::runtime::detach;
 
@@ -158,6 +160,42 @@ impl PyScoreState {
         .py()?;
         let schema = batch.schema();
         PyTable::try_new(vec![batch], schema)
+    }
+
+    /// Fold the segments published since the last call, then commit the
+    /// active population of `dataset` with each row's weight shaped from
+    /// its `ema_loss` (minus column `reference`, if named); returns the new
+    /// snapshot number (`datasetrt::catalog::scores::reweighted`).
+    #[pyo3(signature = (dataset, shape, floor, cap, anneal, reference=None, note=String::new()))]
+    #[allow(clippy::too_many_arguments)]
+    fn reweight(
+        &self,
+        py: Python<'_>,
+        dataset: &PyDataset,
+        shape: &str,
+        floor: f64,
+        cap: f64,
+        anneal: f64,
+        reference: Option<String>,
+        note: String,
+    ) -> PyResult<u64> {
+        let shaping = shape
+            .parse::<Shape>()
+            .and_then(|shape| Shaping::new(shape, floor, cap, anneal))
+            .py()?;
+        dataset.change(py, |live| {
+            let mut state = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            state.update()?;
+            let snapshot = live.dataset().snapshot();
+            let batches = reweighted(&snapshot, &state, reference.as_deref(), &shaping)?;
+            live.update(
+                &snapshot.schema(),
+                &batches,
+                &note,
+                Some(snapshot.number()),
+                false,
+            )
+        })
     }
 }
 

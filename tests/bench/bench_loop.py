@@ -44,8 +44,9 @@ Arms (seed s: the same initial weights and epoch-0 draws in every arm):
 
 It prints, per arm, test accuracy per epoch, steps to U's best, final and
 best accuracy, the flipped share of the delivered draws per epoch, and the
-bookkeeping (append + flush + register + recipe) against the whole training
-loop (evaluation excluded); then the issue's "pays" criteria as PASS/MISS
+bookkeeping (append + flush + register + recipe; with ``--state native``,
+the default, the recipe is ``log.reweight``, which folds the new segments
+itself) against the whole training loop (evaluation excluded); then the issue's "pays" criteria as PASS/MISS
 lines, and writes a JSON of every figure and a PNG of median test accuracy
 per epoch (``--out``). ``--quick``: 1 seed, 4 epochs, a smoke run.
 
@@ -417,6 +418,15 @@ def reweight(ds: drt.Dataset, log: Any, spec: dict[str, Any], run: Run, state: s
     t0 = time.perf_counter()
     log.flush()
     t1 = time.perf_counter()
+    if state == "native" and spec["recipe"] in STATE_RECIPES:
+        # the same weights as the recipe, natively: fold, shape, commit
+        reference = "il_loss" if spec["recipe"] == "reducible_loss_weights" else None
+        log.reweight(reference=reference, alpha=ALPHA, run=log.run, **spec["params"])
+        t2 = time.perf_counter()
+        book["flush"] += t1 - t0
+        book["recipe"] += t2 - t1
+        run.recipes += 1
+        return
     if spec["recipe"] not in STATE_RECIPES:
         log.register("scores", run=log.run)
     elif state == "engine":
@@ -489,7 +499,7 @@ def train_arm(
         run.noisy_draws.append(float(flipped[np.concatenate(drawn)].mean()))
         if log is not None and epoch + 1 < epochs:
             weight_figures(ds, run)
-            if epoch == 1 and state == "engine" and spec["recipe"] in STATE_RECIPES:
+            if epoch == 1 and state != "polars" and spec["recipe"] in STATE_RECIPES:
                 run.checked = check_state(log)
         clock.resume()
     clock.pause()
@@ -757,10 +767,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--arms", help="comma-separated arms to run (default: all)")
     p.add_argument(
         "--state",
-        choices=("auto", "engine", "polars"),
+        choices=("auto", "native", "engine", "polars"),
         default="auto",
-        help="score_state from log.register_state (engine) or from log.frame() with polars "
-        "(auto: the engine's when this datasetrt has it)",
+        help="the shaped recipes' weights: log.reweight (native: no SQL), or the SQL "
+        "recipe over score_state from log.register_state (engine) or from log.frame() "
+        "with polars (auto: the newest this datasetrt has)",
     )
     p.add_argument("--root", help="cache directory (default: a temporary one)")
     p.add_argument(
@@ -771,8 +782,11 @@ def parse() -> argparse.Namespace:
     args = p.parse_args()
     if args.quick:
         args.seeds, args.epochs = 1, 4
+    native = hasattr(ScoreLog, "reweight")
     if args.state == "auto":
-        args.state = "engine" if engine_state(ScoreLog) else "polars"
+        args.state = "native" if native else "engine" if engine_state(ScoreLog) else "polars"
+    elif args.state == "native" and not native:
+        p.error("this datasetrt has no log.reweight: use --state engine")
     elif args.state == "engine" and not engine_state(ScoreLog):
         p.error("this datasetrt has no log.register_state: use --state polars")
     return args

@@ -41,8 +41,10 @@ use crate::store::{fs as sfs, ipc};
 use crate::{Error, Result};
 
 mod read;
+mod reweight;
 mod state;
 pub use read::{read_run, read_segment, segments};
+pub use reweight::reweighted;
 pub use state::{state_schema, ScoreState};
 
 /// Folder of the score logs inside a dataset's snapshot directory.

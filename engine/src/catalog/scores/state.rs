@@ -142,6 +142,17 @@ impl Index {
         }
         slots[at]
     }
+
+    /// The index of `(cache_id, sample_id)`, if it has one.
+    fn get(&self, cache_id: i64, sample_id: i64) -> Option<u32> {
+        let found = if (0..DENSE_SAMPLES).contains(&sample_id) {
+            let slots = self.dense.get(&cache_id)?;
+            *slots.get(sample_id as usize)?
+        } else {
+            *self.sparse.get(&(cache_id, sample_id))?
+        };
+        (found != u32::MAX).then_some(found)
+    }
 }
 
 /// Why folding a segment incrementally cannot give the whole log's answer.
@@ -186,6 +197,12 @@ impl ScoreState {
 
     /// Fold the segments published since the last refresh; the state.
     pub fn refresh(&mut self) -> Result<RecordBatch> {
+        self.update()?;
+        self.batch()
+    }
+
+    /// Fold the segments published since the last refresh.
+    pub fn update(&mut self) -> Result<()> {
         let listed = segments(&self.run_dir)?;
         let now: BTreeSet<&Path> = listed.iter().map(PathBuf::as_path).collect();
         let lost = self.folded.iter().any(|p| !now.contains(p.as_path()));
@@ -205,7 +222,7 @@ impl ScoreState {
                 self.folded.insert(path.clone());
             }
         }
-        self.batch()
+        Ok(())
     }
 
     /// Forget everything and fold the whole run as [`read_run`] reads it.
@@ -282,9 +299,9 @@ impl ScoreState {
         i as usize
     }
 
-    /// One row per sample scored, in the order samples were first seen:
-    /// the sealed state with the open epochs folded in, epoch by epoch.
-    fn batch(&self) -> Result<RecordBatch> {
+    /// Each sample's state as of the last refresh: the sealed state with
+    /// the open epochs folded in, epoch by epoch.
+    fn current(&self) -> Vec<Sealed> {
         let mut states = self.sealed.clone();
         for (&epoch, open) in &self.open {
             for (i, (&rows, &sum)) in open.rows.iter().zip(&open.sum).enumerate() {
@@ -294,6 +311,26 @@ impl ScoreState {
                 }
             }
         }
+        states
+    }
+
+    /// The `ema_loss` of each sample `(cache_ids[i], sample_ids[i])` as of
+    /// the last refresh, `NaN` for a sample the run has not scored.
+    pub fn ema_of(&self, cache_ids: &[i64], sample_ids: &[i64]) -> Vec<f64> {
+        let states = self.current();
+        cache_ids
+            .iter()
+            .zip(sample_ids)
+            .map(|(&c, &s)| match self.index.get(c, s) {
+                Some(i) if states[i as usize].epochs > 0 => states[i as usize].ema,
+                _ => f64::NAN,
+            })
+            .collect()
+    }
+
+    /// One row per sample scored, in the order samples were first seen.
+    fn batch(&self) -> Result<RecordBatch> {
+        let states = self.current();
         let n = states.iter().filter(|s| s.epochs > 0).count();
         let (mut cache_id, mut sample_id) = (Vec::with_capacity(n), Vec::with_capacity(n));
         let (mut count, mut first) = (Vec::with_capacity(n), Vec::with_capacity(n));

@@ -78,7 +78,9 @@ def main() -> None:
     # 2. steered during the run by the score log
     run = f"mixtures-{root.name}"
     log = ds.score_log("loss", run=run)
-    ctl = drt.MixtureController(ds, "source", every=20, eta=0.5, log=log)
+    ctl = drt.MixtureController(
+        ds, "source", every=20, eta=0.5, log=log, signal="progress"
+    )
     loader = ds.loader(batch_size=32, seed=1, epoch_len=32 * args.steps, run=run)
     delivered: list[tuple[int, int]] = []
     snapshots: set[int] = set()
@@ -87,7 +89,7 @@ def main() -> None:
         delivered += list(zip(batch.cache_id, batch.sample_id, strict=True))
         snapshots.update(batch.snapshots)
         # books is learnable (its loss falls); the others have stalled: learning
-        # progress, the controller's default signal, moves draws to books
+        # learning progress (signal="progress") moves draws to books
         books = 2.0 - step / args.steps
         loss = [books if s == "books" else 1.0 for s in batch.metadata["source"]]
         log.append_batch(batch, loss, epoch=0)

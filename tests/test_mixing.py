@@ -255,7 +255,7 @@ def test_the_controller_moves_the_mixture_to_the_larger_losses(ds):
 def test_a_controller_without_scores_changes_nothing(ds):
     ds.set_mixture("source", {"web": 0.5, "code": 0.3, "books": 0.2})
     version = ds.version
-    ctl = MixtureController(ds, "source", every=3)  # shares None: the active mixture
+    ctl = MixtureController(ds, "source", every=3, signal="progress")  # shares None: the active mixture
     assert ds.version == version
     assert ctl.shares == pytest.approx({"web": 0.5, "code": 0.3, "books": 0.2})
     for step in range(1, 10):
@@ -278,18 +278,18 @@ def test_a_fresh_controller_starts_uniform_and_commits_once(ds):
         )
     )
     version = ds.version
-    ctl = MixtureController(ds, "source", eta=1.0, floor=0.1)
+    ctl = MixtureController(ds, "source", eta=1.0, floor=0.1, signal="progress")
     assert ctl.shares == {"code": 0.5, "web": 0.5}  # books has no row of positive weight
     assert ds.version == version + 1
     ctl.update()
-    MixtureController(ds, "source")  # the active mixture: nothing to commit
+    MixtureController(ds, "source", signal="progress")  # the active mixture: no commit
     assert ds.version == version + 1
 
 
 def test_a_restored_controller_continues_exactly(ds):
     log = ds.score_log("loss", run="exp1")
     ctl = MixtureController(
-        ds, "source", {"web": 2, "code": 1, "books": 1}, every=2, eta=0.7, log=log
+        ds, "source", {"web": 2, "code": 1, "books": 1}, every=2, eta=0.7, log=log, signal="progress"
     )
     loader = ds.loader(30, seed=1, epoch_len=120)
     states = {}
@@ -297,7 +297,7 @@ def test_a_restored_controller_continues_exactly(ds):
         log.append_batch(batch, losses_of(batch), epoch=0)
         ctl.step(step)
         states[step] = ctl.state_dict()
-    restored = MixtureController(ds, "source", every=2, eta=0.7, log=log)
+    restored = MixtureController(ds, "source", every=2, eta=0.7, log=log, signal="progress")
     restored.load_state_dict(states[2])  # as if the run stopped after step 2
     assert restored.newest == (0, 59)
     restored.update()  # steps 3 and 4
@@ -370,7 +370,9 @@ def test_learning_progress_pushes_a_group_that_cannot_be_learned_to_the_floor(ds
     # a restored controller continues from the same previous losses
     state = ctl.state_dict()
     assert state["previous"] == pytest.approx({"web": 0.9, "code": 2.5, "books": 0.45})
-    again = MixtureController(ds, "source", every=1, eta=2.0, floor=0.02, log=ctl.log)
+    again = MixtureController(
+        ds, "source", every=1, eta=2.0, floor=0.02, log=ctl.log, signal="progress"
+    )
     again.load_state_dict(state)
     assert again.previous == ctl.previous and again.shares == ctl.shares
 
@@ -384,7 +386,8 @@ def test_excess_loss_over_a_reference_column_pushes_an_unlearnable_group_down(ds
             pl.col("source").replace_strict(reference, return_dtype=pl.Float64).alias("il_loss")
         )
     )
-    by_column, shares = unlearnable_run(ds, "excess", reference="il_loss")
+    by_column, shares = unlearnable_run(ds, None, reference="il_loss")  # the default signal
+    assert by_column.signal == "excess"
     assert by_column.reference == pytest.approx(reference)
     assert shares[-1]["code"] == pytest.approx(0.02, abs=1e-3)
     assert shares[-1]["web"] > 0.5
@@ -397,6 +400,7 @@ def test_excess_loss_over_a_reference_column_pushes_an_unlearnable_group_down(ds
     [
         ({"signal": "gradient"}, "signal must be one of"),
         ({"signal": "excess"}, "needs reference"),
+        ({}, "needs reference="),  # the default, excess, needs one; no other is guessed
         ({"signal": "excess", "reference": "nope"}, "no column 'nope'"),
         ({"signal": "excess", "reference": {"web": 1.0}}, "no loss for group"),
         (
@@ -438,11 +442,13 @@ def test_a_bad_controller_is_refused_and_commits_nothing(ds):
     version = ds.version
     for args, kwargs, says in BAD_CONTROLLERS:
         with pytest.raises(drt.InvalidInputError, match=says):
-            MixtureController(ds, *args, **kwargs)
+            MixtureController(ds, *args, signal="progress", **kwargs)
         assert ds.version == version == ds.head
     with pytest.raises(drt.InvalidInputError, match="differs from the log's run"):
-        MixtureController(ds, "source", log=ds.score_log("loss", run="a"), run="b")
+        MixtureController(
+            ds, "source", log=ds.score_log("loss", run="a"), run="b", signal="progress"
+        )
     assert ds.version == version
-    ctl = MixtureController(ds, "source")
+    ctl = MixtureController(ds, "source", signal="progress")
     with pytest.raises(drt.InvalidInputError, match="step must be"):
         ctl.step(-1)

@@ -173,17 +173,54 @@ impl From<DataFusionError> for Error {
         match err {
             DataFusionError::External(inner) => match inner.downcast::<Error>() {
                 Ok(ours) => *ours,
+                // a task of the plan panicked: a bug (DataFusion's or ours),
+                // never the query's fault
+                Err(other) if other.to_string().contains("panicked") => {
+                    Error::Internal(format!("a query task panicked: {other}"))
+                }
                 Err(other) => Error::DataFusion(DataFusionError::External(other)),
             },
+            // a spill past its limit fails in the writer, as an I/O error
+            DataFusionError::ArrowError(inner, _)
+                if inner.to_string().contains("spilling process has exceeded") =>
+            {
+                let inner = inner.to_string();
+                Error::DataFusion(DataFusionError::ResourcesExhausted(format!(
+                    "{}. The query spilled more to disk than its limit: raise it \
+                     (DATASETRT_SPILL_LIMIT=...) or make the query smaller",
+                    inner.trim_end_matches('.')
+                )))
+            }
             DataFusionError::ArrowError(inner, _) => Error::from(*inner),
             DataFusionError::Context(_, inner) => Error::from(*inner),
             // a hash join's build side hands its error to every partition:
             // ours when this is the last holder, else DataFusion's
             DataFusionError::Shared(inner) => match std::sync::Arc::try_unwrap(inner) {
                 Ok(owned) => Error::from(owned),
-                Err(shared) => Error::DataFusion(DataFusionError::Shared(shared)),
+                Err(shared) => match shared.as_ref() {
+                    DataFusionError::ResourcesExhausted(msg) => {
+                        Error::from(DataFusionError::ResourcesExhausted(msg.clone()))
+                    }
+                    _ => Error::DataFusion(DataFusionError::Shared(shared)),
+                },
             },
-            DataFusionError::Internal(msg) => Error::Internal(msg),
+            DataFusionError::ResourcesExhausted(msg) if msg.contains("DATASETRT_") => {
+                Error::DataFusion(DataFusionError::ResourcesExhausted(msg))
+            }
+            DataFusionError::ResourcesExhausted(msg) => {
+                Error::DataFusion(DataFusionError::ResourcesExhausted(format!(
+                    "{}. The query needs more memory than its limit even after spilling: \
+                     raise the limit (DATASETRT_MEMORY_LIMIT=..., or open(memory_limit=...); \
+                     DATASETRT_SPILL_LIMIT bounds the temporary files) or make the query \
+                     smaller (a LIMIT, fewer columns, a filter before a join)",
+                    msg.trim_end_matches('.')
+                )))
+            }
+            // DataFusion's planner refusing a plan it built itself: the
+            // query cannot run here, which the caller can change
+            DataFusionError::Internal(msg) => Error::DataFusion(DataFusionError::Plan(format!(
+                "DataFusion cannot run this query ({msg}); write it another way"
+            ))),
             DataFusionError::ExecutionJoin(e) => Error::Internal(format!("a task failed: {e}")),
             other => Error::DataFusion(other),
         }
@@ -196,5 +233,35 @@ impl From<Error> for DataFusionError {
             Error::DataFusion(inner) => inner,
             other => DataFusionError::External(Box::new(other)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whose_fault_each_datafusion_error_is() {
+        // a plan DataFusion refuses is the query's to change, not our bug
+        let refused = Error::from(DataFusionError::Internal("schema differs".into()));
+        assert!(
+            matches!(refused, Error::DataFusion(DataFusionError::Plan(_))),
+            "{refused}"
+        );
+        // a panicked task is a bug, whoever's
+        let panicked: Box<dyn std::error::Error + Send + Sync> = "task 3 panicked".into();
+        let panicked = Error::from(DataFusionError::External(panicked));
+        assert!(matches!(panicked, Error::Internal(_)), "{panicked}");
+        // past memory: the hint, once, however often the error is converted
+        let once = Error::from(DataFusionError::ResourcesExhausted("no room.".into()));
+        let twice = Error::from(DataFusionError::from(Error::from(DataFusionError::from(
+            once,
+        ))));
+        let text = twice.to_string();
+        assert_eq!(text.matches("DATASETRT_MEMORY_LIMIT").count(), 1, "{text}");
+        assert!(
+            text.starts_with("Resources exhausted: no room. The query"),
+            "{text}"
+        );
     }
 }

@@ -220,6 +220,7 @@ def open(
     cache_dir: PathLike | None = None,
     cache_bytes: int | None = None,
     workers: Sequence[str] = (),
+    memory_limit: int | str | None = None,
 ) -> Dataset:
     """Open a dataset: a root holding caches, one cache directory, or a list of either.
 
@@ -240,6 +241,13 @@ def open(
 
     ``workers`` (URLs of :class:`Worker` processes) runs the dataset's SQL
     over ``metadata`` on them (see :mod:`datasetrt.worker`).
+
+    ``memory_limit`` (bytes, or a size such as ``"4G"``) bounds the memory
+    a SQL query holds: sorts and grouped aggregates spill to temporary
+    files past it, and a query that still needs more raises
+    :class:`QueryError` instead of ending the process. Default:
+    ``$DATASETRT_MEMORY_LIMIT``, else half the machine's memory (a quarter
+    of the address-space limit when that is lower).
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
@@ -252,6 +260,7 @@ def open(
         cache_dir=cache_dir,
         cache_bytes=cache_bytes,
         workers=workers,
+        memory_limit=memory_limit,
     )
 
 

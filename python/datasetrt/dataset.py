@@ -66,6 +66,15 @@ def _shares_of_table(table: Any) -> dict[Any, Any]:
     return dict(zip(values, frame["share"].to_list(), strict=True))
 
 
+def _memory_limit(limit: int | str | None) -> str | None:
+    """A SQL memory limit as the engine reads it (bytes, or ``"4G"``...)."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, (int, str)):
+        raise InvalidInputError(f"memory_limit must be bytes (an int) or a size like '4G', not {limit!r}")
+    return str(limit)
+
+
 class Dataset:
     """One or more caches and their active metadata snapshot.
 
@@ -83,11 +92,13 @@ class Dataset:
         cache_dir: PathLike | None = None,
         cache_bytes: int | None = None,
         workers: Sequence[str] = (),
+        memory_limit: int | str | None = None,
     ):
         from .worker import worker_urls
 
         self._paths = [os.fspath(p) for p in paths]
         self._workers = worker_urls(workers)
+        self._memory_limit = _memory_limit(memory_limit)
         self._snapshot_dir = None if snapshot_dir is None else os.fspath(snapshot_dir)
         self._remote: dict[str, Any] = {
             "storage_options": _storage_options(storage_options),
@@ -102,6 +113,7 @@ class Dataset:
             self._remote["storage_options"],
             self._remote["cache_dir"],
             self._remote["cache_bytes"],
+            memory_limit=self._memory_limit,
         )
         # with workers: the companion module's dataset that runs the SQL
         self._coordinator: Any = None
@@ -116,6 +128,7 @@ class Dataset:
             "snapshot_dir": self._snapshot_dir,
             "remote": self._remote,
             "workers": self._workers,
+            "memory_limit": self._memory_limit,
             "snapshot": self.version,
         }
 
@@ -123,7 +136,11 @@ class Dataset:
         remote = dict(state["remote"])
         remote["storage_options"] = dict(remote["storage_options"] or [])
         self.__init__(  # type: ignore[misc]
-            state["paths"], state["snapshot_dir"], workers=state.get("workers", ()), **remote
+            state["paths"],
+            state["snapshot_dir"],
+            workers=state.get("workers", ()),
+            memory_limit=state.get("memory_limit"),
+            **remote,
         )
         if self.version != state["snapshot"]:
             self.pin(state["snapshot"])  # this process only: the head stays
@@ -468,6 +485,7 @@ class Dataset:
                 self._remote["cache_bytes"],
                 None,
                 self._workers,
+                self._memory_limit,
             )
         if self._coordinator.version != self.version:
             self._coordinator.pin(self.version)

@@ -78,7 +78,7 @@ impl PyDataset {
 #[pymethods]
 impl PyDataset {
     #[new]
-    #[pyo3(signature = (paths, snapshot_dir=None, storage_options=None, cache_dir=None, cache_bytes=None, requests=None, workers=vec![]))]
+    #[pyo3(signature = (paths, snapshot_dir=None, storage_options=None, cache_dir=None, cache_bytes=None, requests=None, workers=vec![], memory_limit=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -89,7 +89,17 @@ impl PyDataset {
         cache_bytes: Option<u64>,
         requests: Option<usize>,
         workers: Vec<String>,
+        memory_limit: Option<String>,
     ) -> PyResult<Self> {
+        let memory_limit = match memory_limit {
+            None => None,
+            Some(text) => Some(datasetrt::query::memory::parse_bytes(&text).ok_or_else(|| {
+                invalid(format!(
+                    "memory_limit={text:?} is not a size: bytes (at least 1 MiB), or a number \
+                     with K, M, G or T"
+                ))
+            })?),
+        };
         // a bad worker URL is the caller's error now, not at the first query
         #[cfg(feature = "distributed")]
         datasetrt::query::distributed::check_workers(&workers).py()?;
@@ -112,7 +122,9 @@ impl PyDataset {
         .py()?;
         let inner = Arc::new(inner);
         Ok(PyDataset {
-            live: Arc::new(LiveQuery::with_workers(inner.clone(), workers)),
+            live: Arc::new(
+                LiveQuery::with_workers(inner.clone(), workers).with_memory_limit(memory_limit),
+            ),
             inner,
             maps: Arc::default(),
         })

@@ -28,6 +28,8 @@ pub struct LiveQuery {
     /// Serialises changes of the active snapshot (and the session's
     /// creation), so the session follows the dataset.
     changes: Mutex<()>,
+    /// The session's memory limit (none: [`super::memory::memory_limit`]).
+    memory_limit: Option<usize>,
 }
 
 impl LiveQuery {
@@ -43,7 +45,15 @@ impl LiveQuery {
             session: OnceLock::new(),
             workers,
             changes: Mutex::new(()),
+            memory_limit: None,
         }
+    }
+
+    /// Queries that hold at most `limit` bytes (none: the default), past
+    /// which they spill or fail ([`super::memory`]).
+    pub fn with_memory_limit(mut self, limit: Option<usize>) -> LiveQuery {
+        self.memory_limit = limit;
+        self
     }
 
     pub fn dataset(&self) -> &Arc<Dataset> {
@@ -60,10 +70,11 @@ impl LiveQuery {
         if let Some(session) = self.session.get() {
             return Ok(session.clone());
         }
-        let session = QuerySession::with_workers(
+        let session = QuerySession::with_limit(
             &self.dataset.snapshot(),
             self.dataset.cache_set(),
             &self.workers,
+            self.memory_limit,
         )?;
         Ok(self.session.get_or_init(|| Arc::new(session)).clone())
     }

@@ -6,16 +6,18 @@
 pub mod distributed;
 pub mod exec;
 mod live;
+pub mod memory;
 mod metadata;
 pub mod parse;
 pub mod payloads;
+mod refuse;
 mod tables;
 pub mod udf;
 
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::datasource::MemTable;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
@@ -123,6 +125,21 @@ impl QuerySession {
         caches: CacheSet,
         workers: &[String],
     ) -> Result<Self> {
+        Self::with_limit(snapshot, caches, workers, None)
+    }
+
+    /// [`Self::with_workers`] whose queries hold at most `memory_limit`
+    /// bytes (default: [`memory::memory_limit`]), spilling past it.
+    pub fn with_limit(
+        snapshot: &Arc<Snapshot>,
+        caches: CacheSet,
+        workers: &[String],
+        memory_limit: Option<usize>,
+    ) -> Result<Self> {
+        let limit = match memory_limit {
+            Some(limit) => limit,
+            None => memory::memory_limit()?,
+        };
         let partitions = crate::threads();
         let config = SessionConfig::new()
             .with_batch_size(BATCH_SIZE)
@@ -145,6 +162,7 @@ impl QuerySession {
         analyzers.extend(Analyzer::new().rules);
         let state = SessionStateBuilder::new()
             .with_config(config)
+            .with_runtime_env(memory::runtime(limit)?)
             .with_default_features()
             .with_analyzer_rules(analyzers)
             .with_optimizer_rules(rules)
@@ -199,8 +217,20 @@ impl QuerySession {
     }
 
     /// Register (or replace) an in-memory table, e.g. model losses to join.
+    /// Its rows are scanned in batches of at most the session's size: a
+    /// sort over it spills one batch at a time, where one batch of a whole
+    /// frame would have to fit in the memory limit. A longer batch is
+    /// copied into such batches once, here (a slice would still count, and
+    /// hold, its whole buffers).
     pub fn register(&self, name: &str, schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<()> {
-        let table = MemTable::try_new(schema, vec![batches])?;
+        let mut cut = Vec::with_capacity(batches.len());
+        for batch in batches {
+            for at in (0..batch.num_rows()).step_by(BATCH_SIZE) {
+                let slice = batch.slice(at, BATCH_SIZE.min(batch.num_rows() - at));
+                cut.push(compact(&slice)?);
+            }
+        }
+        let table = MemTable::try_new(schema, vec![cut])?;
         self.tables.replace(name, Arc::new(table));
         Ok(())
     }
@@ -219,6 +249,7 @@ impl QuerySession {
         let mut state = self.ctx.state();
         let plan = parse::logical_plan(&state, query).await?;
         read_only(&plan)?;
+        refuse::wrong_answers(&plan)?;
         if matches!(plan, LogicalPlan::Ddl(_) | LogicalPlan::DescribeTable(_)) {
             return Err(crate::Error::invalid(
                 "select commits the rows of a query: this statement returns none (nothing was \
@@ -242,6 +273,7 @@ impl QuerySession {
     pub async fn sql(&self, query: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
         let plan = parse::logical_plan(&self.ctx.state(), query).await?;
         read_only(&plan)?;
+        refuse::wrong_answers(&plan)?;
         // DataFusion turns a refused DROP into "doesn't exist": say why here
         if let LogicalPlan::Ddl(ddl) = &plan {
             let name = match ddl {
@@ -266,6 +298,7 @@ impl QuerySession {
     pub async fn sql_population(&self, query: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
         let plan = parse::logical_plan(&self.ctx.state(), query).await?;
         read_only(&plan)?;
+        refuse::wrong_answers(&plan)?;
         let plan = match ordered(&plan) {
             true => plan,
             false => canonical_order(plan)?,
@@ -283,7 +316,7 @@ impl QuerySession {
         // upper('a')`, computes a non-null column the logical plan calls
         // nullable), and one result has one schema.
         let schema = physical.schema();
-        let batches = datafusion::physical_plan::collect(physical, Arc::new(task)).await?;
+        let batches = memory::collect(physical, Arc::new(task)).await?;
         let batches = batches
             .into_iter()
             .map(|b| match b.schema() == schema {
@@ -293,6 +326,36 @@ impl QuerySession {
             .collect::<std::result::Result<Vec<_>, _>>()?;
         Ok((schema, batches))
     }
+}
+
+/// `batch` with each column that holds much more than its rows (a slice of
+/// a longer array: memory accounting counts, and the batch keeps, the
+/// whole buffers) copied into buffers of its own; string and binary views
+/// keep only the bytes they view.
+fn compact(batch: &RecordBatch) -> Result<RecordBatch> {
+    use arrow::array::{make_array, Array, AsArray, MutableArrayData};
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|c| -> Result<ArrayRef> {
+            let needed = c.to_data().get_slice_memory_size()?;
+            if c.get_array_memory_size() <= 2 * needed + (64 << 10) {
+                return Ok(c.clone());
+            }
+            Ok(match c.data_type() {
+                DataType::Utf8View => Arc::new(c.as_string_view().gc()),
+                DataType::BinaryView => Arc::new(c.as_binary_view().gc()),
+                // (concat of one array returns a slice of it: copy instead)
+                _ => {
+                    let data = c.to_data();
+                    let mut copy = MutableArrayData::new(vec![&data], false, c.len());
+                    copy.try_extend(0, 0, c.len())?;
+                    make_array(copy.freeze())
+                }
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
 /// Whether a query's rows come in an order it asked for (an ORDER BY at

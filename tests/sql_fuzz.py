@@ -730,6 +730,8 @@ class Generator:
             items = [self.typed_item(src, k) for k in kinds]
             sides.append(f"SELECT {self.select_list(items)} FROM {src.sql}{self.where(src)}")
         op = self.pick(["UNION", "UNION ALL", "UNION ALL", "INTERSECT", "EXCEPT"])
+        if op in ("INTERSECT", "EXCEPT") and len(kinds) == 2:
+            op += " ALL"  # multiplicities (refused: DataFusion 55 gets them wrong)
         outs = [Expr(f"c{i}", k) for i, k in enumerate(kinds)]
         keys = list(range(len(kinds))) if op != "UNION ALL" else []
         clause, q = self.order_limit(outs, keys)

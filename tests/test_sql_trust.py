@@ -224,3 +224,64 @@ def test_on_one_partition_a_join_sorts_only_when_the_query_orders(tmp_path, monk
     assert "PayloadTakeExec" in physical and "Sort" not in physical, physical
     got = ds.sql(JOIN_ORDERED).select("cache_id", "sample_id")
     assert got.height == 80 and got.equals(got.sort("cache_id", "sample_id"))
+
+
+# -- wrong rows from DataFusion 55: refused, or answered right (issue 51) ----------
+@pytest.fixture
+def with_aux(small):
+    """The 40-row population and table ``aux``: names with a NULL, numbers
+    with a NULL, and ``clean``: names without one (a column that is still
+    nullable, as every registered column is)."""
+    ds = drt.open(small)
+    ds.register(
+        "aux",
+        pl.DataFrame({"name": ["a_b", None, "c_d"], "n": [1, None, 3], "k": [1, 2, 3]}),
+    )
+    return ds
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        # DuckDB: 0 rows (a NULL in the subquery and no match: NULL)
+        "SELECT count(*) AS n FROM metadata WHERE 'x_y' NOT IN (SELECT name FROM aux)",
+        "SELECT count(*) AS n FROM metadata WHERE sample_id > 100 "
+        "OR 'x_y' NOT IN (SELECT name FROM aux)",
+        "SELECT count(*) AS n FROM metadata WHERE (100 IN (SELECT n FROM aux)) IS NOT FALSE",
+        "SELECT 100 IN (SELECT n FROM aux) AS found",
+        "SELECT count(*) AS n FROM metadata WHERE NOT (sample_id IN (SELECT n FROM aux))",
+        "SELECT x FROM (VALUES (1), (1), (2)) t(x) EXCEPT ALL SELECT 1",
+        "SELECT x FROM (VALUES (1), (1), (2)) t(x) INTERSECT ALL SELECT 1",
+        "SELECT * FROM (SELECT 1 AS x UNION ALL (SELECT 2 EXCEPT ALL SELECT 3))",
+    ],
+)
+def test_what_datafusion_answers_wrong_is_refused(with_aux, query):
+    with pytest.raises(drt.QueryError, match="is refused") as info:
+        with_aux.sql(query)
+    assert "nothing was run" in str(info.value)
+
+
+def test_the_same_questions_written_the_safe_way_answer_right(with_aux):
+    ds = with_aux
+    count = lambda q: ds.sql(q)["n"][0]  # noqa: E731
+    # IN (subquery) as a conjunct of WHERE: NULL and FALSE drop a row alike
+    assert count("SELECT count(*) AS n FROM metadata WHERE sample_id IN (SELECT n FROM aux)") == 2
+    # NOT EXISTS: the rows without a match (what NOT IN over a NULL cannot say)
+    assert count(
+        "SELECT count(*) AS n FROM metadata m "
+        "WHERE NOT EXISTS (SELECT 1 FROM aux WHERE aux.n = m.sample_id)"
+    ) == 38
+    # over columns that cannot be NULL, NOT IN answers
+    assert count(
+        "SELECT count(*) AS n FROM metadata WHERE sample_id NOT IN "
+        "(SELECT sample_id FROM metadata WHERE sample_id < 5)"
+    ) == 35
+    # EXCEPT ALL written with numbered copies: [1, 1, 2] minus [1] is [1, 2]
+    rows = ds.sql(
+        "SELECT x FROM (SELECT x, row_number() OVER (PARTITION BY x) AS k "
+        "FROM (VALUES (1), (1), (2)) t(x) EXCEPT SELECT x, row_number() OVER "
+        "(PARTITION BY x) AS k FROM (VALUES (1)) u(x)) ORDER BY x"
+    )
+    assert rows["x"].to_list() == [1, 2]
+    # distinct EXCEPT and INTERSECT are right and stay
+    assert ds.sql("SELECT x FROM (VALUES (1), (1), (2)) t(x) EXCEPT SELECT 1")["x"].to_list() == [2]

@@ -22,7 +22,9 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::sql::parser::Statement;
-use datafusion::sql::sqlparser::ast::{BinaryOperator, Expr, Ident, VisitMut, VisitorMut};
+use datafusion::sql::sqlparser::ast::{
+    BinaryOperator, Expr, Ident, Query, SetExpr, SetOperator, SetQuantifier, VisitMut, VisitorMut,
+};
 
 use crate::Result;
 
@@ -145,8 +147,48 @@ fn regroup(expr: &mut Expr) {
     }
 }
 
+/// The first `EXCEPT ALL` or `INTERSECT ALL` of a query's body: DataFusion 55
+/// answers them with the wrong multiplicities (`[1, 1, 2] EXCEPT ALL [1]`
+/// gives `[2]`, not `[1, 2]`), so they are refused before planning.
+fn wrong_set_operation(body: &SetExpr) -> Option<&'static str> {
+    match body {
+        SetExpr::SetOperation {
+            op,
+            set_quantifier,
+            left,
+            right,
+        } => {
+            let all = matches!(
+                set_quantifier,
+                SetQuantifier::All | SetQuantifier::AllByName
+            );
+            match op {
+                SetOperator::Except | SetOperator::Minus if all => Some("EXCEPT ALL"),
+                SetOperator::Intersect if all => Some("INTERSECT ALL"),
+                _ => wrong_set_operation(left).or_else(|| wrong_set_operation(right)),
+            }
+        }
+        SetExpr::Query(query) => wrong_set_operation(&query.body),
+        _ => None,
+    }
+}
+
 impl VisitorMut for Chains {
     type Break = DataFusionError;
+
+    fn pre_visit_query(&mut self, query: &mut Query) -> ControlFlow<DataFusionError> {
+        match wrong_set_operation(&query.body) {
+            None => ControlFlow::Continue(()),
+            Some(op) => ControlFlow::Break(DataFusionError::Plan(format!(
+                "{op} is refused: DataFusion 55 returns the wrong number of copies of a \
+                 row (each row must appear max(m - n, 0) times for EXCEPT ALL, min(m, n) for \
+                 INTERSECT ALL). Number the copies and compare distinct rows instead: \
+                 SELECT x, row_number() OVER (PARTITION BY x) AS k FROM a EXCEPT SELECT x, \
+                 row_number() OVER (PARTITION BY x) AS k FROM b (then drop k) (nothing was \
+                 run)"
+            ))),
+        }
+    }
 
     fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<DataFusionError> {
         let binary = matches!(expr, Expr::BinaryOp { .. });

@@ -332,7 +332,8 @@ class ScoreLog:
         once (a replayed step, a late segment of an older epoch: it folds
         the run again).
         """
-        return pl.DataFrame(self._state(alpha, run).refresh())
+        state: _native.ScoreState = self._state(alpha, run)
+        return pl.DataFrame(state.refresh())
 
     def _state(self, alpha: float, run: str | None) -> _native.ScoreState:
         """The engine's state of ``run`` (kept per run and ``alpha``), after
@@ -383,7 +384,7 @@ class ScoreLog:
         it raises :class:`ConflictError` if another writer moved the head
         since the active snapshot was read.
         """
-        state = self._state(alpha, run)
+        state: _native.ScoreState = self._state(alpha, run)
         if reference is not None:
             check_text(reference, "reference")
         floor, cap, anneal = (

@@ -269,3 +269,42 @@ def test_a_corrupt_payload_read_through_sql_is_a_corrupt_cache_error(tmp_path, q
     error = info.value
     assert not isinstance(error, drt.QueryError)
     assert (str(error.path), error.record, error.shard, error.offset) == (str(shard), 7, 0, 3600)
+
+
+def test_payloads_are_measured_and_hashed_as_bytes(tmp_path):
+    """length/octet_length of a payload count its bytes (a UTF-8 payload of
+    19 bytes and 16 characters; one that is not UTF-8), text keeps counting
+    characters, and md5/sha256 hash the bytes: duplicates across caches found
+    by hash (issue 51 section 3)."""
+    import hashlib
+
+    from conftest import Source
+
+    text = "héllo wörld ünïcode".encode()  # 19 characters in 23 bytes
+    payloads = [text, b"\xff\xfe\x00binary\x80", b"", b"same bytes"]
+    a = Source("bytes-a", len(payloads), payload=lambda i: payloads[i])
+    b = Source("bytes-b", 2, payload=lambda i: [b"same bytes", b"other"][i])
+    ds = drt.build(tmp_path, [a, b], progress=False)
+    got = ds.sql(
+        "SELECT p.cache_id, p.sample_id, length(data) AS n, octet_length(data) AS o, "
+        "char_length(data) AS c, md5(data) AS md5, sha256(data) AS sha "
+        "FROM payloads p ORDER BY cache_id, sample_id"
+    )
+    stored = {c["cache_id"]: c["name"] for c in ds.caches}
+    for row in got.iter_rows(named=True):
+        data = (payloads if stored[row["cache_id"]] == "bytes-a" else [b"same bytes", b"other"])[
+            row["sample_id"]
+        ]
+        assert row["n"] == row["o"] == row["c"] == len(data), row
+        assert row["md5"] == hashlib.md5(data).hexdigest()
+        assert row["sha"] == hashlib.sha256(data).hexdigest()
+    assert len(text) == 23 and len(text.decode()) == 19  # bytes, not characters, above
+    # text is still measured in characters
+    assert ds.sql("SELECT length('héllo') AS n, octet_length('héllo') AS o").row(0) == (5, 6)
+    assert ds.sql("SELECT md5('abc') AS h")["h"][0] == hashlib.md5(b"abc").hexdigest()
+    # duplicate payloads across caches, by hash (docs/sql.md)
+    dups = ds.sql(
+        "SELECT sha256(data) AS h, count(*) AS copies, count(DISTINCT cache_id) AS caches "
+        "FROM payloads GROUP BY sha256(data) HAVING count(*) > 1"
+    )
+    assert dups.rows() == [(hashlib.sha256(b"same bytes").hexdigest(), 2, 2)]

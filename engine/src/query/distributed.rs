@@ -93,6 +93,9 @@ pub fn worker() -> Worker {
             &mut state,
             Arc::new(super::udf::drt_shape_weights()),
         )?;
+        for udf in [super::udf::md5(), super::udf::sha256()] {
+            datafusion::execution::FunctionRegistry::register_udf(&mut state, Arc::new(udf))?;
+        }
         Ok(state)
     })
 }

@@ -109,6 +109,8 @@ pub struct QuerySession {
     /// replaced in one step (a concurrent query never finds them missing).
     tables: Arc<Tables>,
     partitions: usize,
+    /// The memory pool's limit, in bytes.
+    memory_limit: usize,
 }
 
 impl QuerySession {
@@ -184,6 +186,14 @@ impl QuerySession {
         let ctx = SessionContext::new_with_state(state);
         ctx.register_udf(udf::drt_uniform());
         ctx.register_udwf(udf::drt_shape_weights());
+        // lengths of binary values count bytes; text keeps DataFusion's
+        for name in ["character_length", "octet_length"] {
+            if let Ok(builtin) = datafusion::execution::FunctionRegistry::udf(&ctx, name) {
+                ctx.register_udf(udf::bytes_too(builtin));
+            }
+        }
+        ctx.register_udf(udf::md5());
+        ctx.register_udf(udf::sha256());
         let tables = Arc::new(Tables::default());
         let options = ctx.copied_config();
         let defaults = &options.options().catalog;
@@ -198,6 +208,7 @@ impl QuerySession {
             ctx,
             tables,
             partitions,
+            memory_limit: limit,
         };
         session.set_snapshot(snapshot)?;
         Ok(session)
@@ -219,15 +230,16 @@ impl QuerySession {
     /// Register (or replace) an in-memory table, e.g. model losses to join.
     /// Its rows are scanned in batches of at most the session's size: a
     /// sort over it spills one batch at a time, where one batch of a whole
-    /// frame would have to fit in the memory limit. A longer batch is
-    /// copied into such batches once, here (a slice would still count, and
-    /// hold, its whole buffers).
+    /// frame would have to fit in the memory limit. A batch big against
+    /// the limit (over a sixteenth of it) is copied into such batches once,
+    /// here: a slice would still count, and hold, its whole buffers.
     pub fn register(&self, name: &str, schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<()> {
         let mut cut = Vec::with_capacity(batches.len());
         for batch in batches {
+            let big = batch.get_array_memory_size() > self.memory_limit / 16;
             for at in (0..batch.num_rows()).step_by(BATCH_SIZE) {
                 let slice = batch.slice(at, BATCH_SIZE.min(batch.num_rows() - at));
-                cut.push(compact(&slice)?);
+                cut.push(if big { compact(&slice)? } else { slice });
             }
         }
         let table = MemTable::try_new(schema, vec![cut])?;

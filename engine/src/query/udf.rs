@@ -8,14 +8,15 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, Float64Array};
+use arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Array, StringArray};
 use arrow::datatypes::{DataType, Field, FieldRef, Float64Type, Int64Type};
 use datafusion::common::ScalarValue;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::function::{PartitionEvaluatorArgs, WindowUDFFieldArgs};
+use datafusion::logical_expr::type_coercion::functions::fields_with_udf;
 use datafusion::logical_expr::{
-    create_udf, ColumnarValue, PartitionEvaluator, ScalarUDF, Signature, Volatility, WindowUDF,
-    WindowUDFImpl,
+    create_udf, ColumnarValue, PartitionEvaluator, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
+    Signature, SimpleScalarUDF, Volatility, WindowUDF, WindowUDFImpl,
 };
 use datafusion::physical_expr::expressions::Literal;
 use datafusion::physical_expr::PhysicalExpr;
@@ -181,4 +182,143 @@ impl PartitionEvaluator for ShapeEvaluator {
         }
         Ok(Arc::new(Float64Array::from(self.0.weights(&plain))))
     }
+}
+
+/// Whether `t` holds bytes rather than text.
+pub fn is_binary(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Binary | DataType::LargeBinary | DataType::BinaryView
+    )
+}
+
+/// `length` (`char_length`, `character_length`) or `octet_length`
+/// (`builtin`, DataFusion's) that also takes a binary value and counts its
+/// bytes. DataFusion's own cast a payload's `data` to text: one that
+/// happened to be UTF-8 was measured in characters (19 bytes answered
+/// 16), one that was not could not be measured at all.
+pub fn bytes_too(builtin: Arc<ScalarUDF>) -> ScalarUDF {
+    ScalarUDF::from(BytesToo {
+        builtin,
+        signature: Signature::user_defined(Volatility::Immutable),
+    })
+}
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct BytesToo {
+    builtin: Arc<ScalarUDF>,
+    signature: Signature,
+}
+
+impl BytesToo {
+    fn of_bytes(types: &[DataType]) -> bool {
+        matches!(types, [t] if is_binary(t))
+    }
+}
+
+impl ScalarUDFImpl for BytesToo {
+    fn name(&self) -> &str {
+        self.builtin.name()
+    }
+
+    fn aliases(&self) -> &[String] {
+        self.builtin.aliases()
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        if Self::of_bytes(arg_types) {
+            return Ok(vec![DataType::BinaryView]);
+        }
+        let fields: Vec<FieldRef> = arg_types
+            .iter()
+            .map(|t| Arc::new(Field::new("x", t.clone(), true)))
+            .collect();
+        let coerced = fields_with_udf(&fields, self.builtin.as_ref())?;
+        Ok(coerced.iter().map(|f| f.data_type().clone()).collect())
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        match Self::of_bytes(arg_types) {
+            true => Ok(DataType::Int64),
+            false => self.builtin.return_type(arg_types),
+        }
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let types: Vec<DataType> = args
+            .arg_fields
+            .iter()
+            .map(|f| f.data_type().clone())
+            .collect();
+        if !Self::of_bytes(&types) {
+            return self.builtin.invoke_with_args(args);
+        }
+        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+        let bytes = arrays[0].as_binary_view();
+        let out: Int64Array = bytes.iter().map(|v| v.map(|v| v.len() as i64)).collect();
+        Ok(match &args.args[0] {
+            ColumnarValue::Scalar(_) => {
+                ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?)
+            }
+            ColumnarValue::Array(_) => ColumnarValue::Array(Arc::new(out)),
+        })
+    }
+}
+
+/// A hash of bytes or text as lowercase hex, `NULL` for `NULL`: `md5(x)` and
+/// `sha256(x)` over a payload's `data` or any text (its UTF-8 bytes), as
+/// PostgreSQL and DuckDB answer them.
+fn hex_hash(name: &str, hash: fn(&[u8]) -> Vec<u8>) -> ScalarUDF {
+    let hex = move |v: &[u8]| {
+        hash(v).iter().fold(String::with_capacity(64), |mut s, b| {
+            s.push_str(&format!("{b:02x}"));
+            s
+        })
+    };
+    let fun = move |args: &[ColumnarValue]| -> Result<ColumnarValue> {
+        let scalar = matches!(args[0], ColumnarValue::Scalar(_));
+        let arrays = ColumnarValue::values_to_arrays(args)?;
+        let out: StringArray = match arrays[0].data_type() {
+            DataType::Utf8View => arrays[0]
+                .as_string_view()
+                .iter()
+                .map(|v| v.map(|v| hex(v.as_bytes())))
+                .collect(),
+            _ => arrays[0]
+                .as_binary_view()
+                .iter()
+                .map(|v| v.map(hex))
+                .collect(),
+        };
+        Ok(match scalar {
+            true => ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?),
+            false => ColumnarValue::Array(Arc::new(out)),
+        })
+    };
+    ScalarUDF::from(SimpleScalarUDF::new_with_signature(
+        name,
+        Signature::uniform(
+            1,
+            vec![DataType::BinaryView, DataType::Utf8View],
+            Volatility::Immutable,
+        ),
+        DataType::Utf8,
+        Arc::new(fun),
+    ))
+}
+
+/// `md5(x) -> VARCHAR`, 32 hex digits.
+pub fn md5() -> ScalarUDF {
+    use md5::Digest;
+    hex_hash("md5", |v| md5::Md5::digest(v).to_vec())
+}
+
+/// `sha256(x) -> VARCHAR`, 64 hex digits.
+pub fn sha256() -> ScalarUDF {
+    use sha2::Digest;
+    hex_hash("sha256", |v| sha2::Sha256::digest(v).to_vec())
 }

@@ -28,7 +28,8 @@ measured in the same run:
   a list, a numpy array and a CPU tensor (target <= 50 us), and per epoch
   ``register_state`` (the engine folds only the new segments) plus weights
   from the state, at ``--loop`` populations (default 12,000 and 10^7:
-  targets 20 ms and 1 s), against ``register`` plus the window-function
+  targets 20 ms and 1 s), and ``log.reweight`` (the same natively, with the
+  commit of the new weights), against ``register`` plus the window-function
   ``loss_ema_weights`` recipe over every logged row (up to 10^6).
 
     python tests/bench/bench_scores.py [--rows N] [--values N] [--population N]
@@ -290,7 +291,7 @@ def bench_loop(root: Path, population: int, epochs: int) -> None:
     # over every logged row (the previous way)
     meta = ds.get_metadata()
     cid, sids = meta["cache_id"][0], meta["sample_id"].to_numpy()
-    state_times, old_times = [], []
+    state_times, old_times, native_times = [], [], []
     for epoch in range(1, epochs + 1):
         for first in range(0, population, 1 << 20):
             n = min(1 << 20, population - first)
@@ -306,6 +307,9 @@ def bench_loop(root: Path, population: int, epochs: int) -> None:
         log.register_state("score_state", alpha=0.5)
         ds.select(SHAPED)
         state_times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        log.reweight(shape="rank", floor=0.1, cap=2.0, alpha=0.5)
+        native_times.append(time.perf_counter() - t0)
         if population <= 10**6:
             t0 = time.perf_counter()
             log.register("scores")
@@ -323,6 +327,12 @@ def bench_loop(root: Path, population: int, epochs: int) -> None:
         f"    register_state + weights from the state, median per epoch: {steady * 1e3:8.1f} ms"
         + (f" = {steady / old:.2f}x the baseline" if old_times else "")
         + f" (target <= {target * 1e3:.0f} ms: {verdict(steady <= target)})"
+    )
+    native = statistics.median(native_times[1:]) if len(native_times) > 1 else native_times[0]
+    print(
+        f"    log.reweight (fold, shape by rank, commit), median per epoch: {native * 1e3:8.1f} ms"
+        + (f" = {native / old:.2f}x the baseline" if old_times else "")
+        + f" (target <= {target * 1e3:.0f} ms: {verdict(native <= target)})"
     )
 
 

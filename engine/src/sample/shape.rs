@@ -100,21 +100,25 @@ impl Shaping {
     }
 
     /// The weight of each row, in order, from its score (`NaN`: none).
-    /// Infinite scores are the caller's to refuse.
+    /// Infinite scores are the caller's to refuse. One sort of the scored
+    /// rows serves the rank and the water-filling (every shape's raw
+    /// weight grows with the score).
     pub fn weights(&self, scores: &[f64]) -> Vec<f64> {
-        let raw = self.raw(scores);
+        let mut sorted: Vec<(f64, u32)> = scores
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.is_nan())
+            .map(|(i, &s)| (s, i as u32))
+            .collect();
+        sorted.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+        let raw = self.raw(&sorted);
         let q = water_fill(&raw, self.k_cap());
         let (f, a) = (self.floor, self.anneal);
-        raw.iter()
-            .zip(q)
-            .map(|(r, q)| {
-                if r.is_nan() {
-                    1.0
-                } else {
-                    a + (1.0 - a) * (f + (1.0 - f) * q)
-                }
-            })
-            .collect()
+        let mut weights = vec![1.0; scores.len()];
+        for (&(_, row), r) in sorted.iter().zip(&raw) {
+            weights[row as usize] = a + (1.0 - a) * (f + (1.0 - f) * q(*r));
+        }
+        weights
     }
 
     /// The cap on `q`, the share of the weight above the floor.
@@ -126,76 +130,69 @@ impl Shaping {
         }
     }
 
-    /// The raw weight `r` of each row (`NaN`: no score).
-    fn raw(&self, scores: &[f64]) -> Vec<f64> {
+    /// The raw weight `r` of each scored row, in the ascending order of
+    /// `sorted` (so `r` never falls along it).
+    fn raw(&self, sorted: &[(f64, u32)]) -> Vec<f64> {
         match self.shape {
-            Shape::Linear => scores
+            Shape::Linear => sorted.iter().map(|&(s, _)| s.max(0.0)).collect(),
+            Shape::Threshold => sorted
                 .iter()
-                .map(|&s| if s.is_nan() { s } else { s.max(0.0) })
+                .map(|&(s, _)| if s > 0.0 { 1.0 } else { 0.0 })
                 .collect(),
-            Shape::Threshold => scores
-                .iter()
-                .map(|&s| match s {
-                    s if s.is_nan() => f64::NAN,
-                    s if s > 0.0 => 1.0,
-                    _ => 0.0,
-                })
-                .collect(),
-            Shape::Rank => percent_rank(scores),
+            Shape::Rank => percent_rank(sorted),
         }
     }
 }
 
-/// `(rows with a smaller score) / (scored rows - 1)` for each scored row
-/// (0 when only one is), `NaN` for the others.
-fn percent_rank(scores: &[f64]) -> Vec<f64> {
-    let mut sorted: Vec<f64> = scores.iter().copied().filter(|s| !s.is_nan()).collect();
-    sorted.sort_unstable_by(f64::total_cmp);
+/// `(rows with a smaller score) / (scored rows - 1)` of each row of
+/// `sorted` (ascending; 0 when only one is). Equal scores (-0.0 and 0.0
+/// too) share the rank of the first of them.
+fn percent_rank(sorted: &[(f64, u32)]) -> Vec<f64> {
     let denominator = sorted.len().saturating_sub(1).max(1) as f64;
-    scores
-        .iter()
-        .map(|&s| {
-            if s.is_nan() {
-                f64::NAN
-            } else {
-                // -0.0 and 0.0 are one score: compare as numbers
-                sorted.partition_point(|&x| x < s) as f64 / denominator
+    let mut first = 0;
+    (0..sorted.len())
+        .map(|i| {
+            if sorted[i].0 != sorted[first].0 {
+                first = i;
             }
+            first as f64 / denominator
         })
         .collect()
 }
 
-/// `q = min(lambda * r, k)` with mean 1 over the rows whose `r` is not
-/// `NaN` (the others get 1, unused); see the module.
-fn water_fill(raw: &[f64], k: f64) -> Vec<f64> {
-    let mut heavy: Vec<f64> = raw.iter().copied().filter(|r| !r.is_nan()).collect();
-    let n = heavy.len() as f64;
-    heavy.sort_unstable_by(|a, b| b.total_cmp(a));
-    let positive = heavy.iter().take_while(|&&r| r > 0.0).count();
-    if positive == 0 {
-        return vec![1.0; raw.len()];
+/// `q = min(lambda * r, k)` with mean 1 over the rows, from their raw
+/// weights in ascending order; see the module. The function maps a raw
+/// weight to its `q`.
+fn water_fill(raw: &[f64], k: f64) -> impl Fn(f64) -> f64 {
+    let n = raw.len() as f64;
+    let positive = raw.iter().filter(|&&r| r > 0.0).count();
+    // heavy(j): the j-th heaviest; rest: the sum of r from it down
+    let heavy = |j: usize| raw[raw.len() - 1 - j];
+    // below[i]: the sum of the i lightest (smallest first: the exact way)
+    let mut below = Vec::with_capacity(raw.len() + 1);
+    below.push(0.0);
+    for r in raw {
+        below.push(below.last().copied().unwrap_or(0.0) + r);
     }
-    // rest[j]: the sum of r from the j-th heaviest on
-    let mut rest = vec![0.0; positive + 1];
-    for j in (0..positive).rev() {
-        rest[j] = rest[j + 1] + heavy[j];
-    }
-    // the first j whose row is within the cap when the j heavier ones are
-    // capped: its lambda is the one (lambda falls from there on)
-    let lambda = (0..positive).find_map(|j| {
+    let rest = |j: usize| below[raw.len() - j];
+    let mut lambda = None;
+    for j in 0..positive {
+        // the first j whose row is within the cap when the j heavier ones
+        // are capped: its lambda is the one (lambda falls from there on)
         let capped = if j == 0 { 0.0 } else { j as f64 * k };
-        let lambda = (n - capped) / rest[j];
-        (heavy[j] * lambda <= k * (1.0 + 1e-12)).then_some(lambda)
-    });
-    raw.iter()
-        .map(|&r| match lambda {
-            _ if r.is_nan() => 1.0,
-            Some(lambda) => (lambda * r).min(k),
-            // fewer than n / k rows weigh anything: they get k, the rest share
-            None if r > 0.0 => k,
-            None => (n - positive as f64 * k) / (n - positive as f64),
-        })
-        .collect()
+        let l = (n - capped) / rest(j);
+        if heavy(j) * l <= k * (1.0 + 1e-12) {
+            lambda = Some(l);
+            break;
+        }
+    }
+    move |r: f64| match lambda {
+        _ if positive == 0 => 1.0,
+        Some(lambda) => (lambda * r).min(k),
+        // fewer than n / k rows weigh anything: they get k, the rest share
+        None if r > 0.0 => k,
+        None => (n - positive as f64 * k) / (n - positive as f64),
+    }
 }
 
 #[cfg(test)]
@@ -271,11 +268,14 @@ mod tests {
 
     #[test]
     fn percent_rank_counts_smaller_scores() {
-        let r = percent_rank(&[3.0, f64::NAN, 1.0, 3.0, -0.0, 0.0]);
-        assert_eq!(r[2], 2.0 / 4.0);
-        assert_eq!((r[0], r[3]), (0.75, 0.75));
-        assert_eq!((r[4], r[5]), (0.0, 0.0));
-        assert!(r[1].is_nan());
+        let scores = [3.0, f64::NAN, 1.0, 3.0, -0.0, 0.0];
+        let w = Shaping::new(Shape::Rank, 0.0, f64::INFINITY, 0.0)
+            .unwrap()
+            .weights(&scores);
+        // ranks 3/4, -, 2/4, 3/4, 0, 0 (-0.0 and 0.0 tie): weights in their ratio
+        assert!(w[1] == 1.0 && w[4] == 0.0 && w[5] == 0.0, "{w:?}");
+        assert_eq!(w[0], w[3]);
+        assert!((w[0] / w[2] - 1.5).abs() < 1e-12, "{w:?}");
     }
 
     #[test]

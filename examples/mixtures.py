@@ -78,9 +78,7 @@ def main() -> None:
     # 2. steered during the run by the score log
     run = f"mixtures-{root.name}"
     log = ds.score_log("loss", run=run)
-    ctl = drt.MixtureController(
-        ds, "source", every=20, eta=0.5, log=log, signal="progress"
-    )
+    ctl = drt.MixtureController(ds, "source", every=20, eta=0.5, log=log, signal="progress")
     loader = ds.loader(batch_size=32, seed=1, epoch_len=32 * args.steps, run=run)
     delivered: list[tuple[int, int]] = []
     snapshots: set[int] = set()

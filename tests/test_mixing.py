@@ -255,7 +255,9 @@ def test_the_controller_moves_the_mixture_to_the_larger_losses(ds):
 def test_a_controller_without_scores_changes_nothing(ds):
     ds.set_mixture("source", {"web": 0.5, "code": 0.3, "books": 0.2})
     version = ds.version
-    ctl = MixtureController(ds, "source", every=3, signal="progress")  # shares None: the active mixture
+    ctl = MixtureController(
+        ds, "source", every=3, signal="progress"
+    )  # shares None: the active mixture
     assert ds.version == version
     assert ctl.shares == pytest.approx({"web": 0.5, "code": 0.3, "books": 0.2})
     for step in range(1, 10):
@@ -289,7 +291,13 @@ def test_a_fresh_controller_starts_uniform_and_commits_once(ds):
 def test_a_restored_controller_continues_exactly(ds):
     log = ds.score_log("loss", run="exp1")
     ctl = MixtureController(
-        ds, "source", {"web": 2, "code": 1, "books": 1}, every=2, eta=0.7, log=log, signal="progress"
+        ds,
+        "source",
+        {"web": 2, "code": 1, "books": 1},
+        every=2,
+        eta=0.7,
+        log=log,
+        signal="progress",
     )
     loader = ds.loader(30, seed=1, epoch_len=120)
     states = {}

@@ -416,7 +416,9 @@ def test_shaped_recipes_refuse_bad_parameters_by_name(ds, params, culprit):
 
 def test_reducible_loss_weights_refuse_a_nan_reference(ds):
     meta = ds.get_metadata().sort("sample_id")
-    ds.update_metadata(meta.with_columns(il_loss=pl.Series([float("nan")] + [1.0] * (meta.height - 1))))
+    ds.update_metadata(
+        meta.with_columns(il_loss=pl.Series([float("nan")] + [1.0] * (meta.height - 1)))
+    )
     register_state(ds)
     with pytest.raises(drt.InvalidInputError, match="NaN"):
         ds.apply_sql("reducible_loss_weights", shape="rank", floor=0.1, cap=2.0, anneal=0.0)

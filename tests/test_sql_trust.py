@@ -267,15 +267,21 @@ def test_the_same_questions_written_the_safe_way_answer_right(with_aux):
     # IN (subquery) as a conjunct of WHERE: NULL and FALSE drop a row alike
     assert count("SELECT count(*) AS n FROM metadata WHERE sample_id IN (SELECT n FROM aux)") == 2
     # NOT EXISTS: the rows without a match (what NOT IN over a NULL cannot say)
-    assert count(
-        "SELECT count(*) AS n FROM metadata m "
-        "WHERE NOT EXISTS (SELECT 1 FROM aux WHERE aux.n = m.sample_id)"
-    ) == 38
+    assert (
+        count(
+            "SELECT count(*) AS n FROM metadata m "
+            "WHERE NOT EXISTS (SELECT 1 FROM aux WHERE aux.n = m.sample_id)"
+        )
+        == 38
+    )
     # over columns that cannot be NULL, NOT IN answers
-    assert count(
-        "SELECT count(*) AS n FROM metadata WHERE sample_id NOT IN "
-        "(SELECT sample_id FROM metadata WHERE sample_id < 5)"
-    ) == 35
+    assert (
+        count(
+            "SELECT count(*) AS n FROM metadata WHERE sample_id NOT IN "
+            "(SELECT sample_id FROM metadata WHERE sample_id < 5)"
+        )
+        == 35
+    )
     # EXCEPT ALL written with numbered copies: [1, 1, 2] minus [1] is [1, 2]
     rows = ds.sql(
         "SELECT x FROM (SELECT x, row_number() OVER (PARTITION BY x) AS k "

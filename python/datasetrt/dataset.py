@@ -71,7 +71,9 @@ def _memory_limit(limit: int | str | None) -> str | None:
     if limit is None:
         return None
     if isinstance(limit, bool) or not isinstance(limit, (int, str)):
-        raise InvalidInputError(f"memory_limit must be bytes (an int) or a size like '4G', not {limit!r}")
+        raise InvalidInputError(
+            f"memory_limit must be bytes (an int) or a size like '4G', not {limit!r}"
+        )
     return str(limit)
 
 

@@ -150,7 +150,7 @@ def report(
         )
         aggs.append(target.first().alias("target_share"))
     rows = frame.with_columns(_per_row(sampling, mixture))
-    over = (lambda x: x.over(keys)) if keys else (lambda x: x)  # noqa: E731
+    over = (lambda x: x.over(keys)) if keys else (lambda x: x)
     heaviest = over(drawn.rank("ordinal", descending=True))
     rows = rows.with_columns((heaviest <= over((pl.len() * TOP_ROWS).ceil())).alias(_TOP))
     if where is not None:

@@ -388,7 +388,8 @@ class ScoreLog:
         if reference is not None:
             check_text(reference, "reference")
         floor, cap, anneal = (
-            _number(value, name) for value, name in ((floor, "floor"), (cap, "cap"), (anneal, "anneal"))
+            _number(value, name)
+            for value, name in ((floor, "floor"), (cap, "cap"), (anneal, "anneal"))
         )
         note = f"reweight by {self.name}/{self.run if run is None else run}: shape={shape!r}, " + (
             f"reference={reference!r}, floor={floor}, cap={cap}, anneal={anneal}, alpha={alpha}"

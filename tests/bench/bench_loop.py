@@ -46,9 +46,10 @@ It prints, per arm, test accuracy per epoch, steps to U's best, final and
 best accuracy, the flipped share of the delivered draws per epoch, and the
 bookkeeping (append + flush + register + recipe; with ``--state native``,
 the default, the recipe is ``log.reweight``, which folds the new segments
-itself) against the whole training loop (evaluation excluded); then the issue's "pays" criteria as PASS/MISS
-lines, and writes a JSON of every figure and a PNG of median test accuracy
-per epoch (``--out``). ``--quick``: 1 seed, 4 epochs, a smoke run.
+itself) against the whole training loop (evaluation excluded); then the
+issue's "pays" criteria as PASS/MISS lines, and writes a JSON of every
+figure and a PNG of median test accuracy per epoch (``--out``).
+``--quick``: 1 seed, 4 epochs, a smoke run.
 
 Set-up: ``apt-get install dataset-fashion-mnist`` (exit code 2 without it);
 ``make bench-loop`` builds the release extension and runs this.

@@ -368,34 +368,6 @@ def import_graph(package: Path) -> dict[str, set[str]]:
             for p in sorted((package / sub).glob("*.py"))
         }
     modules = set(files) | {p.stem for p in package.glob("*.pyi")}
-    top = package.name
-
-    def within(parts: list[str], names: list[str]) -> set[str]:
-        """What ``from <top>.<parts> import <names>`` imports."""
-        if not parts:  # the package itself: its modules, or its __init__'s names
-            return {n if n in modules else "__init__" for n in names}
-        module = ".".join(parts)
-        if module in subpackages:  # the same, one level down
-            return {f"{module}.{n}" if f"{module}.{n}" in modules else module for n in names}
-        return {module}
-
-    def targets(node: ast.AST, where: list[str]) -> set[str]:
-        """What `node` imports, in a file of the (sub)package `where`."""
-        if isinstance(node, ast.ImportFrom):
-            if node.level > len(where):
-                raise AssertionError(
-                    f"teach this test imports from above the package: {node.module}"
-                )
-            base = where[: len(where) - node.level + 1] if node.level else []
-            parts = [*base, *(node.module.split(".") if node.module else [])]
-            if parts[:1] != [top]:
-                return set()
-            return within(parts[1:], [a.name for a in node.names])
-        if isinstance(node, ast.Import):
-            names = [a.name.split(".") for a in node.names if a.name.split(".")[0] == top]
-            return {".".join(n[1:]) or "__init__" for n in names}
-        return set()
-
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         tree = ast.parse(path.read_text(), str(path))
@@ -406,16 +378,46 @@ def import_graph(package: Path) -> dict[str, set[str]]:
             for stmt in block.body
             for n in ast.walk(stmt)
         }
-        where = [top, *path.relative_to(package).parts[:-1]]
+        where = [package.name, *path.relative_to(package).parts[:-1]]
         graph[name] = {
             target
             for node in ast.walk(tree)  # every node: function bodies included
             if id(node) not in typing_only
-            for target in targets(node, where)
+            for target in import_targets(node, where, modules, subpackages)
         }
         unknown = graph[name] - modules
-        assert not unknown, f"{path.name} imports {sorted(unknown)}, not modules of {top}"
+        assert not unknown, f"{path.name} imports {sorted(unknown)}, not modules of {where[0]}"
     return graph
+
+
+def import_targets(
+    node: ast.AST, where: list[str], modules: set[str], subpackages: list[str]
+) -> set[str]:
+    """What `node` imports (see :func:`import_graph`), in a file of the
+    package or subpackage `where` (``["datasetrt", "sources"]``)."""
+    top = where[0]
+
+    def within(parts: list[str], names: list[str]) -> set[str]:
+        """What ``from <top>.<parts> import <names>`` imports."""
+        if not parts:  # the package itself: its modules, or its __init__'s names
+            return {n if n in modules else "__init__" for n in names}
+        module = ".".join(parts)
+        if module in subpackages:  # the same, one level down
+            return {f"{module}.{n}" if f"{module}.{n}" in modules else module for n in names}
+        return {module}
+
+    if isinstance(node, ast.ImportFrom):
+        if node.level > len(where):
+            raise AssertionError(f"teach this test imports from above the package: {node.module}")
+        base = where[: len(where) - node.level + 1] if node.level else []
+        parts = [*base, *(node.module.split(".") if node.module else [])]
+        if parts[:1] != [top]:
+            return set()
+        return within(parts[1:], [a.name for a in node.names])
+    if isinstance(node, ast.Import):
+        names = [a.name.split(".") for a in node.names if a.name.split(".")[0] == top]
+        return {".".join(n[1:]) or "__init__" for n in names}
+    return set()
 
 
 def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:

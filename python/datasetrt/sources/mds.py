@@ -189,6 +189,16 @@ def _check_mds_shard(shard: Any, number: int) -> None:
     if not isinstance(shard, dict) or shard.get("format") != "mds":
         kind = shard.get("format") if isinstance(shard, dict) else type(shard).__name__
         raise ValueError(f"{where} is of format {kind!r}; this source reads mds")
+    _check_mds_columns(shard, where)
+    samples = shard.get("samples")
+    if not isinstance(samples, int) or isinstance(samples, bool) or not 0 <= samples < 1 << 32:
+        raise ValueError(f"{where}: sample count {samples!r}")
+    _check_mds_files(shard, where)
+
+
+def _check_mds_columns(shard: dict, where: str) -> None:
+    """A shard's column names, encodings and sizes line up, a number's size
+    is its encoding's."""
     names, encodings, sizes = (
         shard.get("column_names"),
         shard.get("column_encodings"),
@@ -209,9 +219,11 @@ def _check_mds_shard(shard: Any, number: int) -> None:
                 f"{where}: column {name!r} ({encoding}) has size {size!r}, not "
                 f"{np.dtype(number_type).itemsize}"
             )
-    samples = shard.get("samples")
-    if not isinstance(samples, int) or isinstance(samples, bool) or not 0 <= samples < 1 << 32:
-        raise ValueError(f"{where}: sample count {samples!r}")
+
+
+def _check_mds_files(shard: dict, where: str) -> None:
+    """A shard's raw file (and compressed one, if any) is a path inside the
+    dataset, of a plausible size."""
     for key in ("raw_data", "zip_data"):
         entry = shard.get(key)
         if entry is None and key == "zip_data":

@@ -363,31 +363,11 @@ def classify(case: Case, ops: dict[str, Any], baseline: dict[str, Any]) -> tuple
     found: set[str] = set()
     notes = []
     for name, result in ops.items():
-        if (case.kind, case.damage) == TAG_GONE and (
-            (name == "tags" and result.get("ok") == {})
-            or (name == "tagged population" and result.get("error") == "InvalidInputError")
-        ):
-            found.add("detected")
-            continue
-        if "ok" in result:
-            if result["ok"] != baseline[name]["ok"]:
-                found.add("wrong")
-                notes.append(f"{name}: WRONG DATA {result['ok']!r} != {baseline[name]['ok']!r}")
-        elif result["error"] == "PanicException":
-            found.add("panic")
-            notes.append(f"{name}: PANIC {result['message']}")
-        elif (
-            not result["typed"]
-            or case.file_name not in result["message"]
-            or Path(result["path"] or "").name != case.file_name
-        ):
-            found.add("misreported")
-            notes.append(
-                f"{name}: {result['error']} (path={result['path']}) does not name "
-                f"{case.file_name} as a typed file error: {result['message']}"
-            )
-        else:
-            found.add("detected")
+        verdict, note = op_verdict(case, name, result, baseline)
+        if verdict is not None:
+            found.add(verdict)
+        if note is not None:
+            notes.append(note)
     if (case.kind, case.damage) in MUST_FAIL_TO_OPEN and "ok" in ops["open"]:
         found.add("wrong")
         notes.append(f"open: opened {ops['open']['ok']} instead of raising")
@@ -395,6 +375,34 @@ def classify(case: Case, ops: dict[str, Any], baseline: dict[str, Any]) -> tuple
         if verdict in found:
             return verdict, notes
     return "correct", notes
+
+
+def op_verdict(
+    case: Case, name: str, result: dict[str, Any], baseline: dict[str, Any]
+) -> tuple[str | None, str | None]:
+    """What operation `name`'s result says of `case`: panic, wrong,
+    misreported or detected (``None`` for the right data), and why."""
+    if (case.kind, case.damage) == TAG_GONE and (
+        (name == "tags" and result.get("ok") == {})
+        or (name == "tagged population" and result.get("error") == "InvalidInputError")
+    ):
+        return "detected", None
+    if "ok" in result:
+        if result["ok"] != baseline[name]["ok"]:
+            return "wrong", f"{name}: WRONG DATA {result['ok']!r} != {baseline[name]['ok']!r}"
+        return None, None
+    if result["error"] == "PanicException":
+        return "panic", f"{name}: PANIC {result['message']}"
+    if (
+        not result["typed"]
+        or case.file_name not in result["message"]
+        or Path(result["path"] or "").name != case.file_name
+    ):
+        return "misreported", (
+            f"{name}: {result['error']} (path={result['path']}) does not name "
+            f"{case.file_name} as a typed file error: {result['message']}"
+        )
+    return "detected", None
 
 
 @pytest.fixture(scope="module")

@@ -172,14 +172,15 @@ def layout() -> str:
 
 def test_the_layout_names_every_source_file():
     """The Layout is exact: every top-level entry, every Rust source file
-    (``mod.rs`` aside), every binding file and every module of the package."""
+    (``mod.rs`` aside), every binding file and every module of the package
+    (its subpackage ``sources/``'s too)."""
     picture = layout()
     tracked = [
         *(p for p in ROOT.iterdir() if p.name in {".ci"} or not p.name.startswith(".")),
         *(ROOT / "engine" / "src").rglob("*.rs"),
         *(ROOT / "engine" / "tests" / "it").glob("*.rs"),
         *(ROOT / "python" / "src").glob("*.rs"),
-        *(ROOT / "python" / "datasetrt").glob("*.py"),
+        *(ROOT / "python" / "datasetrt").rglob("*.py"),
         *(
             p
             for p in (ROOT / "tests").iterdir()
@@ -194,18 +195,31 @@ def test_the_layout_names_every_source_file():
 
 def test_the_layout_brackets_are_the_imports():
     """Each module's brackets in the Layout list exactly what it imports from
-    the package at run time (as tests/test_wrapper_coverage.py reads them)."""
+    the package at run time (as tests/test_wrapper_coverage.py reads them).
+    A subpackage's entry (``sources/``) is its ``__init__.py``, and the
+    files indented under it its other modules, whose brackets name its
+    modules by their file's name (``_common``: ``sources._common``)."""
     from test_wrapper_coverage import PACKAGE, import_graph
 
     graph = import_graph(PACKAGE)
+    known = graph.keys() | set().union(*graph.values())
     picture = layout().split("python/datasetrt/", 1)[1].split("\nsql/", 1)[0]
-    entries = re.split(r"\n  (?=[\w.]+\.py\s)", "\n" + picture)[1:]
+    entries = []  # (module, subpackage or "", the entry's text)
+    for entry in re.split(r"\n  (?=[\w.]+(?:\.py|/)\s)", "\n" + picture)[1:]:
+        name = entry.split()[0]
+        if not name.endswith("/"):
+            entries.append((name.removesuffix(".py"), "", entry))
+            continue
+        sub = name.removesuffix("/")
+        own, *files = re.split(r"\n    (?=[\w.]+\.py\s)", entry)
+        entries.append((sub, sub, own))
+        entries += [(f"{sub}.{f.split()[0].removesuffix('.py')}", sub, f) for f in files]
     listed: dict[str, set[str]] = {}
-    for entry in entries:
-        name = entry.split()[0].removesuffix(".py")
+    for name, sub, entry in entries:
         brackets = re.findall(r"\[([^\]]*)\]", entry)
         words = set(re.findall(r"\w+", " ".join(brackets)))
-        listed[name] = words & (graph.keys() | set().union(*graph.values()))
+        words = {f"{sub}.{w}" if f"{sub}.{w}" in known else w for w in words}
+        listed[name] = words & known
     wrong = {
         m: {"Layout": sorted(listed.get(m, ())), "imports": sorted(deps)}
         for m, deps in graph.items()

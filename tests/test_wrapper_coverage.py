@@ -140,6 +140,9 @@ class Uses(ast.NodeVisitor):
 
     def __init__(self, path: Path, wrapped: dict[str, str], returns: dict[tuple[str, str], str]):
         self.path = path
+        # the level of a relative import of the package itself: 1 in its own
+        # modules, 2 in a subpackage's (``from .. import _native`` in sources/)
+        self.top = len(path.relative_to(PACKAGE).parts)
         self.wrapped = wrapped  # wrapper class -> native class of its self._native
         self.returns = returns
         self.classes = set(native_classes())
@@ -170,11 +173,21 @@ class Uses(ast.NodeVisitor):
             self.unknown.add(f"{self.path.name}:{node.lineno}: {ast.unparse(node)}")
         return None
 
+    def annotated(self, annotation: ast.AST | None) -> str | None:
+        """The native class an annotation ``_native.X`` names, if any."""
+        if (
+            isinstance(annotation, ast.Attribute)
+            and isinstance(annotation.value, ast.Name)
+            and annotation.value.id in self.module_aliases
+        ):
+            return annotation.attr
+        return None
+
     # -- visiting --------------------------------------------------------------
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        if node.level == 1 and node.module is None:
+        if node.level == self.top and node.module is None:
             self.module_aliases |= {a.asname or a.name for a in node.names if a.name == "_native"}
-        elif node.level == 1 and node.module == "_native":
+        elif node.level == self.top and node.module == "_native":
             self.used |= {("", a.name) for a in node.names}
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
@@ -185,6 +198,11 @@ class Uses(ast.NodeVisitor):
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         outer = self.locals
         self.locals = dict(outer)
+        # `def _flush(writer: _native.CacheWriter, ...)`: the annotation says
+        for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+            native = self.annotated(arg.annotation)
+            if native is not None:
+                self.locals[arg.arg] = native
         # names bound to native objects anywhere in the function (closures included)
         for sub in ast.walk(node):
             if isinstance(sub, ast.Assign) and len(sub.targets) == 1:
@@ -194,14 +212,10 @@ class Uses(ast.NodeVisitor):
                     if native is not None:
                         self.locals[target.id] = native
             # `engine: _native.Dataset = ...`: the annotation says
-            elif (
-                isinstance(sub, ast.AnnAssign)
-                and isinstance(sub.target, ast.Name)
-                and isinstance(sub.annotation, ast.Attribute)
-                and isinstance(sub.annotation.value, ast.Name)
-                and sub.annotation.value.id in self.module_aliases
-            ):
-                self.locals[sub.target.id] = sub.annotation.attr
+            elif isinstance(sub, ast.AnnAssign) and isinstance(sub.target, ast.Name):
+                native = self.annotated(sub.annotation)
+                if native is not None:
+                    self.locals[sub.target.id] = native
         self.generic_visit(node)
         self.locals = outer
 
@@ -235,7 +249,8 @@ class Uses(ast.NodeVisitor):
 
 
 def wrapper_modules() -> dict[Path, ast.Module]:
-    return {p: ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.glob("*.py"))}
+    """Every module of the package, those of its subpackages (``sources/``) too."""
+    return {p: ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 def wrapped_classes(modules: dict[Path, ast.Module]) -> dict[str, str]:
@@ -327,7 +342,20 @@ def test_the_exceptions_are_current():
 def test_the_wrappers_read_no_native_member_that_does_not_exist():
     used, _, _ = wrapper_uses()
     classes = native_classes()
-    unknown = [label((c, m)) for c, m in used if not hasattr(classes[c] if c else _native, m)]
+    # a class whose stub declares ``__getattr__`` (LoaderSpec: one attribute
+    # per option, answered by the engine) has any name
+    stub = ast.parse((PACKAGE / "_native.pyi").read_text())
+    dynamic = {
+        cls.name
+        for cls in stub.body
+        if isinstance(cls, ast.ClassDef)
+        and any(isinstance(f, ast.FunctionDef) and f.name == "__getattr__" for f in cls.body)
+    }
+    unknown = [
+        label((c, m))
+        for c, m in used
+        if not hasattr(classes[c] if c else _native, m) and c not in dynamic
+    ]
     assert not unknown, unknown
 
 
@@ -350,31 +378,22 @@ def import_graph(package: Path) -> dict[str, set[str]]:
     module ``name`` where the package has one, else a name the package's
     ``__init__`` defines: that is an import of ``__init__``. A target that is
     neither fails, so no import can fall outside the graph unnoticed.
+
+    A subpackage (a directory with an ``__init__.py``: ``sources/``) is the
+    module ``sources`` (its ``__init__.py``), and each of its other files
+    one more, named ``sources.parquet``; ``from .. import _native`` there
+    imports the package's ``_native``.
     """
-    modules = {p.stem for p in package.glob("*.py")} | {p.stem for p in package.glob("*.pyi")}
-    modules |= {p.parent.name for p in package.glob("*/__init__.py")}
-    top = package.name
-
-    def targets(node: ast.AST) -> set[str]:
-        if isinstance(node, ast.ImportFrom):
-            if node.level > 1:
-                raise AssertionError(
-                    f"teach this test imports from above the package: {node.module}"
-                )
-            module = node.module if node.level == 0 else f"{top}.{node.module or ''}".rstrip(".")
-            parts = (module or "").split(".")
-            if parts[0] != top:
-                return set()
-            if len(parts) > 1:
-                return {parts[1]}
-            return {a.name if a.name in modules else "__init__" for a in node.names}
-        if isinstance(node, ast.Import):
-            names = [a.name.split(".") for a in node.names if a.name.split(".")[0] == top]
-            return {n[1] if len(n) > 1 else "__init__" for n in names}
-        return set()
-
+    subpackages = sorted(p.parent.name for p in package.glob("*/__init__.py"))
+    files = {p.stem: p for p in sorted(package.glob("*.py"))}
+    for sub in subpackages:
+        files |= {
+            sub if p.stem == "__init__" else f"{sub}.{p.stem}": p
+            for p in sorted((package / sub).glob("*.py"))
+        }
+    modules = set(files) | {p.stem for p in package.glob("*.pyi")}
     graph: dict[str, set[str]] = {}
-    for path in sorted(package.glob("*.py")):
+    for name, path in files.items():
         tree = ast.parse(path.read_text(), str(path))
         typing_only = {
             id(n)
@@ -383,15 +402,46 @@ def import_graph(package: Path) -> dict[str, set[str]]:
             for stmt in block.body
             for n in ast.walk(stmt)
         }
-        graph[path.stem] = {
+        where = [package.name, *path.relative_to(package).parts[:-1]]
+        graph[name] = {
             target
             for node in ast.walk(tree)  # every node: function bodies included
             if id(node) not in typing_only
-            for target in targets(node)
+            for target in import_targets(node, where, modules, subpackages)
         }
-        unknown = graph[path.stem] - modules
-        assert not unknown, f"{path.name} imports {sorted(unknown)}, not modules of {top}"
+        unknown = graph[name] - modules
+        assert not unknown, f"{path.name} imports {sorted(unknown)}, not modules of {where[0]}"
     return graph
+
+
+def import_targets(
+    node: ast.AST, where: list[str], modules: set[str], subpackages: list[str]
+) -> set[str]:
+    """What `node` imports (see :func:`import_graph`), in a file of the
+    package or subpackage `where` (``["datasetrt", "sources"]``)."""
+    top = where[0]
+
+    def within(parts: list[str], names: list[str]) -> set[str]:
+        """What ``from <top>.<parts> import <names>`` imports."""
+        if not parts:  # the package itself: its modules, or its __init__'s names
+            return {n if n in modules else "__init__" for n in names}
+        module = ".".join(parts)
+        if module in subpackages:  # the same, one level down
+            return {f"{module}.{n}" if f"{module}.{n}" in modules else module for n in names}
+        return {module}
+
+    if isinstance(node, ast.ImportFrom):
+        if node.level > len(where):
+            raise AssertionError(f"teach this test imports from above the package: {node.module}")
+        base = where[: len(where) - node.level + 1] if node.level else []
+        parts = [*base, *(node.module.split(".") if node.module else [])]
+        if parts[:1] != [top]:
+            return set()
+        return within(parts[1:], [a.name for a in node.names])
+    if isinstance(node, ast.Import):
+        names = [a.name.split(".") for a in node.names if a.name.split(".")[0] == top]
+        return {".".join(n[1:]) or "__init__" for n in names}
+    return set()
 
 
 def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:

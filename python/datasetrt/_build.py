@@ -97,26 +97,38 @@ def _column(source: str, key: str, values: list[Any]) -> pl.Series:
         cast = {"bool": bool, "int": int, "float": float, "str": str, "bytes": bytes}[kind]
         values = [None if v is None else cast(v) for v in values]
     if kind == "int":  # stored as Int64: a larger value is the caller's, named here
-        low, high = -(1 << 63), (1 << 63) - 1
-        for i, v in enumerate(values):
-            if v is not None and not low <= v <= high:
-                error = InvalidInputError(
-                    f"source {source!r}: record {i}: metadata key {key!r} has the value {v}, "
-                    f"outside the 64-bit integers metadata stores"
-                )
-                error.row, error.column, error.value = i, key, str(v)
-                raise error
+        _check_int64(source, key, values)
     try:
         return pl.Series(key, values, dtype=_DTYPES[kind], strict=True)
     except UnicodeEncodeError:  # a str value polars cannot store: say which
-        for i, v in enumerate(values):
-            if isinstance(v, str):
-                try:
-                    check_text(v, f"source {source!r}: record {i}: metadata key {key!r}")
-                except InvalidInputError as error:
-                    error.row, error.column, error.value = i, key, repr(v)
-                    raise
+        _check_texts(source, key, values)
         raise
+
+
+def _check_int64(source: str, key: str, values: list[Any]) -> None:
+    """Metadata key `key`'s ints fit the Int64 a column stores, or the
+    error names the record."""
+    low, high = -(1 << 63), (1 << 63) - 1
+    for i, v in enumerate(values):
+        if v is not None and not low <= v <= high:
+            error = InvalidInputError(
+                f"source {source!r}: record {i}: metadata key {key!r} has the value {v}, "
+                f"outside the 64-bit integers metadata stores"
+            )
+            error.row, error.column, error.value = i, key, str(v)
+            raise error
+
+
+def _check_texts(source: str, key: str, values: list[Any]) -> None:
+    """Raise the error naming the first str value of metadata key `key`
+    that is not valid text (none is: the caller raises what it caught)."""
+    for i, v in enumerate(values):
+        if isinstance(v, str):
+            try:
+                check_text(v, f"source {source!r}: record {i}: metadata key {key!r}")
+            except InvalidInputError as error:
+                error.row, error.column, error.value = i, key, repr(v)
+                raise
 
 
 def source_name(source: object) -> str:
@@ -234,23 +246,14 @@ def _read_ahead(tables: Iterable[Any], name: str) -> Iterator[Any]:
     ready: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
     stop = threading.Event()
 
-    def put(item: tuple[str, Any]) -> bool:
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
     def read() -> None:
         try:
             for table in tables:
-                if not put(("table", table)):
+                if not _hand_over(ready, stop, ("table", table)):
                     return
-            put(("end", None))
+            _hand_over(ready, stop, ("end", None))
         except BaseException as exc:  # handed to the reader, raised there
-            put(("error", exc))
+            _hand_over(ready, stop, ("error", exc))
 
     thread = threading.Thread(target=read, name=f"datasetrt-read-{name}", daemon=True)
     thread.start()
@@ -265,6 +268,20 @@ def _read_ahead(tables: Iterable[Any], name: str) -> Iterator[Any]:
     finally:
         stop.set()
         thread.join()
+
+
+def _hand_over(
+    ready: queue.Queue[tuple[str, Any]], stop: threading.Event, item: tuple[str, Any]
+) -> bool:
+    """Put `item` in `ready` once there is room; ``False`` (not put) once
+    `stop` is set, as it is when the reader is gone."""
+    while not stop.is_set():
+        try:
+            ready.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
 
 
 @contextmanager
@@ -318,80 +335,117 @@ def write_source(
         fields = records.check_fields(fields, f"source {name!r}")
     writer = _native.CacheWriter(os.fspath(root), name, spec)
     with _writing(writer, name, total, progress) as bar:
-        keys: list[str] | None = None
-        keyset: Any = None
-        columns: dict[str, list[Any]] = {}
-        datas: list[bytes] = []
-        metas: list[dict[str, Any]] = []
-        pending = 0
-        n = 0
-
-        def flush() -> None:
-            nonlocal pending
-            for k in columns:
-                columns[k].extend([m[k] for m in metas])
-            writer.add(datas)
-            bar.update(len(datas))
-            datas.clear()
-            metas.clear()
-            pending = 0
-
-        for item in source:
-            try:
-                data, meta = item
-            except (TypeError, ValueError):
-                raise InvalidInputError(
-                    f"source {name!r}: record {n} is a {type(item).__name__}; expected "
-                    f"CacheInput(data, metadata) or a (bytes, dict) pair"
-                ) from None
-            if n == 0 and fields is None and isinstance(data, Mapping):
-                fields = records.infer_fields(data, f"source {name!r}: record 0")
-            if fields is not None:
-                data = records.encode(data, fields, f"source {name!r}: record {n}")
-            elif type(data) is not bytes:
-                if isinstance(data, (bytearray, memoryview)):
-                    data = bytes(data)
-                else:
-                    raise InvalidInputError(
-                        f"source {name!r}: record {n}: data is {type(data).__name__}; expected "
-                        f"bytes, bytearray or memoryview, or (as record 0 of a typed source) "
-                        f"a dict of arrays"
-                    )
-            if meta is None:
-                meta = {}
-            elif type(meta) is not dict:
-                if not isinstance(meta, dict):
-                    raise InvalidInputError(
-                        f"source {name!r}: record {n}: metadata is {type(meta).__name__}, "
-                        f"expected a dict"
-                    )
-            if keys is None:
-                keys = list(meta)
-                for k in keys:
-                    if not isinstance(k, str):
-                        raise InvalidInputError(
-                            f"source {name!r}: metadata key {k!r} is not a string"
-                        )
-                    check_metadata_name(name, k, "metadata key")
-                keyset = meta.keys()
-                columns = {k: [] for k in keys}
-            elif meta.keys() != keyset:
-                raise InvalidInputError(
-                    f"source {name!r}: record {n} has metadata keys {sorted(meta)}, but record 0 "
-                    f"has {sorted(keys)}; every record of a source needs the same keys"
-                )
-            datas.append(data)
-            metas.append(meta)
-            pending += len(data)
-            n += 1
-            if len(datas) >= CHUNK_RECORDS or pending >= CHUNK_BYTES:
-                flush()
-        if datas:
-            flush()
+        n, columns = _write_records(writer, bar, name, source, fields)
         # With no metadata keys the frame has no columns; the engine takes that as "none".
         return _publish(
             writer, name, n, pl.DataFrame([_column(name, k, v) for k, v in columns.items()])
         )
+
+
+def _write_records(
+    writer: _native.CacheWriter,
+    bar: Progress,
+    name: str,
+    source: Iterable[Any],
+    fields: dict[str, records.Field] | None,
+) -> tuple[int, dict[str, list[Any]]]:
+    """Hand `source`'s records to `writer` in chunks, each checked (its
+    payload encoded when `fields` or record 0 say the source is typed);
+    returns how many there were and their metadata, column by column."""
+    keys: list[str] | None = None
+    keyset: Any = None
+    columns: dict[str, list[Any]] = {}
+    datas: list[bytes] = []
+    metas: list[dict[str, Any]] = []
+    pending = 0
+    n = 0
+    for item in source:
+        try:
+            data, meta = item
+        except (TypeError, ValueError):
+            raise InvalidInputError(
+                f"source {name!r}: record {n} is a {type(item).__name__}; expected "
+                f"CacheInput(data, metadata) or a (bytes, dict) pair"
+            ) from None
+        if n == 0 and fields is None and isinstance(data, Mapping):
+            fields = records.infer_fields(data, f"source {name!r}: record 0")
+        if fields is not None:
+            data = records.encode(data, fields, f"source {name!r}: record {n}")
+        elif type(data) is not bytes:
+            data = _plain_bytes(data, name, n)
+        if type(meta) is not dict:
+            meta = _plain_dict(meta, name, n)
+        if meta.keys() != keyset:  # record 0 (no keyset yet), or keys unlike its
+            keys, keyset, columns = _metadata_keys(meta, name, n, keys)
+        datas.append(data)
+        metas.append(meta)
+        pending += len(data)
+        n += 1
+        if len(datas) >= CHUNK_RECORDS or pending >= CHUNK_BYTES:
+            _flush(writer, bar, datas, metas, columns)
+            pending = 0
+    if datas:
+        _flush(writer, bar, datas, metas, columns)
+    return n, columns
+
+
+def _flush(
+    writer: _native.CacheWriter,
+    bar: Progress,
+    datas: list[bytes],
+    metas: list[dict[str, Any]],
+    columns: dict[str, list[Any]],
+) -> None:
+    """Hand the payloads gathered to `writer` and their metadata to
+    `columns`, then empty both lists for the next chunk."""
+    for k in columns:
+        columns[k].extend([m[k] for m in metas])
+    writer.add(datas)
+    bar.update(len(datas))
+    datas.clear()
+    metas.clear()
+
+
+def _plain_bytes(data: Any, name: str, n: int) -> bytes:
+    """Record `n`'s payload, not typed and not ``bytes``, as bytes."""
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    raise InvalidInputError(
+        f"source {name!r}: record {n}: data is {type(data).__name__}; expected "
+        f"bytes, bytearray or memoryview, or (as record 0 of a typed source) "
+        f"a dict of arrays"
+    )
+
+
+def _plain_dict(meta: Any, name: str, n: int) -> dict[str, Any]:
+    """Record `n`'s metadata, not of type ``dict``: ``None`` is no keys, a
+    subclass of dict is itself, anything else is refused."""
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise InvalidInputError(
+            f"source {name!r}: record {n}: metadata is {type(meta).__name__}, expected a dict"
+        )
+    return meta
+
+
+def _metadata_keys(
+    meta: dict[str, Any], name: str, n: int, keys: list[str] | None
+) -> tuple[list[str], Any, dict[str, list[Any]]]:
+    """Record 0's metadata keys (`keys` is ``None``), each checked, with
+    their set and an empty column each; the keys of record `n` > 0 are
+    unlike `keys`, record 0's: an error."""
+    if keys is not None:
+        raise InvalidInputError(
+            f"source {name!r}: record {n} has metadata keys {sorted(meta)}, but record 0 "
+            f"has {sorted(keys)}; every record of a source needs the same keys"
+        )
+    keys = list(meta)
+    for k in keys:
+        if not isinstance(k, str):
+            raise InvalidInputError(f"source {name!r}: metadata key {k!r} is not a string")
+        check_metadata_name(name, k, "metadata key")
+    return keys, meta.keys(), {k: [] for k in keys}
 
 
 def check_names(sources: Sequence[Any]) -> list[str]:
@@ -435,6 +489,15 @@ def build_sources(
                 local, name, source, upload, progress=progress, snapshot_dir=snapshot_dir, spec=spec
             )
         return
+    check_picklable(sources)
+    plan = split_sources(local, sources, processes)
+    run_plan(
+        local, plan, processes, upload, progress=progress, snapshot_dir=snapshot_dir, spec=spec
+    )
+
+
+def check_picklable(sources: Sequence[tuple[str, Any]]) -> None:
+    """Each source can be sent to a build process, or an error names it."""
     for name, source in sources:
         try:
             pickle.dumps(source)
@@ -443,15 +506,29 @@ def build_sources(
                 f"source {name!r} cannot be sent to a build process ({type(e).__name__}: {e}); "
                 f"define its class in a module, or build with processes=1"
             ) from None
+
+
+def run_plan(
+    local: Path,
+    plan: list[tuple[str, Any, list[Any]]],
+    processes: int,
+    upload: tuple[str, list[tuple[str, str]] | None, str | None] | None,
+    *,
+    progress: bool,
+    snapshot_dir: str | None,
+    spec: _native.WriterSpec,
+) -> None:
+    """Write the sources of `plan` (:func:`split_sources`) in `processes`
+    spawned processes, a source in parts joined once its parts are all
+    written (:func:`finish_parts`); see :func:`build_sources`."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
-    plan = split_sources(local, sources, processes)
     tasks = sum(max(1, len(parts)) for _, _, parts in plan)
     bar = Progress(
-        f"caching {len(sources)} sources in {processes} processes",
-        len(sources),
+        f"caching {len(plan)} sources in {processes} processes",
+        len(plan),
         enabled=progress,
         unit=" caches",
     )
@@ -466,26 +543,9 @@ def build_sources(
     if any(parts for _, _, parts in plan):
         parts_root = Path(_native.temp_dir(os.fspath(local), "parts"))
     try:
-        jobs, waiting = {}, {}
-        for name, source, parts in plan:
-            if not parts:
-                job = pool.submit(
-                    build_source,
-                    local,
-                    name,
-                    source,
-                    upload,
-                    progress=False,
-                    snapshot_dir=snapshot_dir,
-                    spec=spec,
-                )
-                jobs[job] = name
-                continue
-            waiting[name] = len(parts)
-            assert parts_root is not None  # made above for every source in parts
-            for k, part in enumerate(parts):
-                job = pool.submit(write_part, parts_root / name, f"{name}.part-{k:05d}", part, spec)
-                jobs[job] = name
+        jobs, waiting = submit_plan(
+            pool, local, plan, parts_root, upload, snapshot_dir=snapshot_dir, spec=spec
+        )
         for job in as_completed(jobs):
             job.result()  # a source's error is raised here, as in this process
             name = jobs[job]
@@ -493,12 +553,8 @@ def build_sources(
                 waiting[name] -= 1
                 if waiting[name]:
                     continue
-                written = parts_root / name
-                done = sorted(written.iterdir()) if written.exists() else []
-                if not done:  # every part was empty
-                    raise InvalidInputError(f"source {name!r} yielded no samples")
-                _native.merge_parts(os.fspath(local), name, [os.fspath(p) for p in done])
-                finish_source(local, name, upload, snapshot_dir)
+                assert parts_root is not None  # made above for every source in parts
+                finish_parts(local, name, parts_root / name, upload, snapshot_dir)
             bar.update(1)
     except BrokenProcessPool as e:
         raise InternalError(
@@ -510,6 +566,58 @@ def build_sources(
         if parts_root is not None:
             shutil.rmtree(parts_root, ignore_errors=True)
         bar.close()
+
+
+def submit_plan(
+    pool: Any,
+    local: Path,
+    plan: list[tuple[str, Any, list[Any]]],
+    parts_root: Path | None,
+    upload: tuple[str, list[tuple[str, str]] | None, str | None] | None,
+    *,
+    snapshot_dir: str | None,
+    spec: _native.WriterSpec,
+) -> tuple[dict[Any, str], dict[str, int]]:
+    """Submit every job of `plan` to `pool`: a source written whole, or
+    each of its parts (under ``parts_root/<name>``). Returns each job's
+    source name, and how many parts each source in parts has."""
+    jobs, waiting = {}, {}
+    for name, source, parts in plan:
+        if not parts:
+            job = pool.submit(
+                build_source,
+                local,
+                name,
+                source,
+                upload,
+                progress=False,
+                snapshot_dir=snapshot_dir,
+                spec=spec,
+            )
+            jobs[job] = name
+            continue
+        waiting[name] = len(parts)
+        assert parts_root is not None  # made for every source in parts
+        for k, part in enumerate(parts):
+            job = pool.submit(write_part, parts_root / name, f"{name}.part-{k:05d}", part, spec)
+            jobs[job] = name
+    return jobs, waiting
+
+
+def finish_parts(
+    local: Path,
+    name: str,
+    written: Path,
+    upload: tuple[str, list[tuple[str, str]] | None, str | None] | None,
+    snapshot_dir: str | None,
+) -> None:
+    """Join the parts of source `name` written under `written` into its
+    one cache under `local`, then upload it or give it its partitions."""
+    done = sorted(written.iterdir()) if written.exists() else []
+    if not done:  # every part was empty
+        raise InvalidInputError(f"source {name!r} yielded no samples")
+    _native.merge_parts(os.fspath(local), name, [os.fspath(p) for p in done])
+    finish_source(local, name, upload, snapshot_dir)
 
 
 def split_sources(

@@ -251,15 +251,7 @@ def write_parts(
         raise InvalidInputError(f"name must be a str, got {name!r}")
     _native.check_source_name(f"{check_text(name, 'name')}-00000-of-00000")
     check_text(data_column, "data_column")
-    metadata_columns = list(metadata_columns)
-    for column in metadata_columns:
-        check_text(column, "a metadata column")
-        if column in RESERVED or column == data_column:
-            raise InvalidInputError(
-                f"metadata column {column!r} is reserved (cache_id, sample_id and weight are "
-                f"set by DatasetRT) or is the data column"
-            )
-        _native.check_column_name(column)
+    metadata_columns = _metadata_columns(metadata_columns, data_column)
     root = Path(root)
 
     published = _published_parts(root, name)
@@ -309,6 +301,21 @@ def write_parts(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return [root / n for n in sorted(names)]
+
+
+def _metadata_columns(metadata_columns: Sequence[str], data_column: str) -> list[str]:
+    """``write_parts``' metadata columns, each checked: valid text, not
+    reserved nor the data column, a name SQL can use."""
+    metadata_columns = list(metadata_columns)
+    for column in metadata_columns:
+        check_text(column, "a metadata column")
+        if column in RESERVED or column == data_column:
+            raise InvalidInputError(
+                f"metadata column {column!r} is reserved (cache_id, sample_id and weight are "
+                f"set by DatasetRT) or is the data column"
+            )
+        _native.check_column_name(column)
+    return metadata_columns
 
 
 @ray.remote

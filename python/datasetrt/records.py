@@ -32,7 +32,7 @@ import functools
 import struct
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,30 +164,10 @@ def encode(values: Any, fields: Mapping[str, Field], where: str) -> bytes:
             f"{where}: fields {sorted(values)} do not match the source's {list(fields)}"
             f" (missing {missing}, unexpected {extra})"
         )
-    arrays = []
-    for name, field in fields.items():
-        value = values[name]
-        if isinstance(value, (np.ndarray, np.generic)):
-            if value.dtype.newbyteorder("<") != field.dtype:
-                raise InvalidInputError(
-                    f"{where}: field {name!r} has dtype {value.dtype}, declared {field.dtype}"
-                )
-            array = np.asarray(value, dtype=field.dtype)
-        else:
-            try:
-                array = np.asarray(value, dtype=field.dtype)
-            except (TypeError, ValueError, OverflowError) as exc:
-                raise InvalidInputError(
-                    f"{where}: field {name!r}: {value!r:.60} is not {field.dtype}: {exc}"
-                ) from None
-        pairs = zip(field.shape, array.shape, strict=False)
-        if len(array.shape) != len(field.shape) or any(
-            want is not None and want != got for want, got in pairs
-        ):
-            raise InvalidInputError(
-                f"{where}: field {name!r} has shape {array.shape}, declared {field.shape}"
-            )
-        arrays.append((name, field.dtype, array))
+    arrays = [
+        (name, field.dtype, _field_array(values[name], name, field, where))
+        for name, field in fields.items()
+    ]
     head = bytearray()
     entries = []
     for name, dtype, array in arrays:
@@ -216,6 +196,32 @@ def encode(values: Any, fields: Mapping[str, Field], where: str) -> bytes:
     for at, array in placed:
         out[at : at + array.nbytes] = np.ascontiguousarray(array).tobytes()
     return bytes(out)
+
+
+def _field_array(value: Any, name: str, field: Field, where: str) -> np.ndarray:
+    """Field `name`'s value as an array of its declared dtype, checked
+    against its declared shape."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        if value.dtype.newbyteorder("<") != field.dtype:
+            raise InvalidInputError(
+                f"{where}: field {name!r} has dtype {value.dtype}, declared {field.dtype}"
+            )
+        array = np.asarray(value, dtype=field.dtype)
+    else:
+        try:
+            array = np.asarray(value, dtype=field.dtype)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InvalidInputError(
+                f"{where}: field {name!r}: {value!r:.60} is not {field.dtype}: {exc}"
+            ) from None
+    pairs = zip(field.shape, array.shape, strict=False)
+    if len(array.shape) != len(field.shape) or any(
+        want is not None and want != got for want, got in pairs
+    ):
+        raise InvalidInputError(
+            f"{where}: field {name!r} has shape {array.shape}, declared {field.shape}"
+        )
+    return array
 
 
 @dataclass(frozen=True)
@@ -262,31 +268,42 @@ def parse(payload: Any, what: str, length: int | None = None) -> Layout:
     at, fields = _FIXED.size, {}
     try:
         for _ in range(count):
-            (n,) = struct.unpack_from("<B", view, at)
-            name = bytes(view[at + 1 : at + 1 + n]).decode()
-            at += 1 + n
-            (n,) = struct.unpack_from("<B", view, at)
-            dtype = np.dtype(bytes(view[at + 1 : at + 1 + n]).decode())
-            if not _plain(dtype) or dtype.str[0] not in "<|":
-                # what encode never writes: an object dtype would make numpy
-                # read the record's bytes as pointers
-                raise bad(f"field {name!r} has dtype {dtype.str!r}, not a little-endian number")
-            at += 1 + n
-            (ndim,) = struct.unpack_from("<B", view, at)
-            shape = struct.unpack_from(f"<{ndim}Q", view, at + 1)
-            offset, nbytes = struct.unpack_from("<QQ", view, at + 1 + 8 * ndim)
-            at += 1 + 8 * ndim + 16
-            if at > length or offset + nbytes > length_ or offset < length:
-                raise bad(f"field {name!r} lies outside the record")
-            size = dtype.itemsize
-            for dim in shape:
-                size *= dim
-            if size != nbytes:
-                raise bad(f"field {name!r}: {nbytes} bytes for {dtype}{list(shape)}")
-            fields[name] = (dtype, tuple(shape), offset, nbytes)
+            name, entry, at = _parse_field(view, at, length, length_, bad)
+            fields[name] = entry
     except (struct.error, UnicodeDecodeError, TypeError, ValueError) as exc:
         raise bad(str(exc)) from None
     return Layout(fields, bytes(view[:length]))
+
+
+def _parse_field(
+    view: memoryview, at: int, length: int, length_: int, bad: Callable[[str], Exception]
+) -> tuple[str, tuple[Any, tuple[int, ...], int, int], int]:
+    """The header entry at `at` of a typed record (its header `length`
+    bytes, the record `length_`): the field's name, its (dtype, shape,
+    offset, length), and where the next entry starts. `bad` makes the
+    error of a damaged header."""
+    (n,) = struct.unpack_from("<B", view, at)
+    name = bytes(view[at + 1 : at + 1 + n]).decode()
+    at += 1 + n
+    (n,) = struct.unpack_from("<B", view, at)
+    dtype = np.dtype(bytes(view[at + 1 : at + 1 + n]).decode())
+    if not _plain(dtype) or dtype.str[0] not in "<|":
+        # what encode never writes: an object dtype would make numpy
+        # read the record's bytes as pointers
+        raise bad(f"field {name!r} has dtype {dtype.str!r}, not a little-endian number")
+    at += 1 + n
+    (ndim,) = struct.unpack_from("<B", view, at)
+    shape = struct.unpack_from(f"<{ndim}Q", view, at + 1)
+    offset, nbytes = struct.unpack_from("<QQ", view, at + 1 + 8 * ndim)
+    at += 1 + 8 * ndim + 16
+    if at > length or offset + nbytes > length_ or offset < length:
+        raise bad(f"field {name!r} lies outside the record")
+    size = dtype.itemsize
+    for dim in shape:
+        size *= dim
+    if size != nbytes:
+        raise bad(f"field {name!r}: {nbytes} bytes for {dtype}{list(shape)}")
+    return name, (dtype, tuple(shape), offset, nbytes), at
 
 
 #: Layouts parsed before, by their header's bytes: every record of a cache

@@ -5,10 +5,12 @@ its nodes declare."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -291,3 +293,77 @@ def test_the_same_questions_written_the_safe_way_answer_right(with_aux):
     assert rows["x"].to_list() == [1, 2]
     # distinct EXCEPT and INTERSECT are right and stay
     assert ds.sql("SELECT x FROM (VALUES (1), (1), (2)) t(x) EXCEPT SELECT 1")["x"].to_list() == [2]
+
+
+# -- floats: one NaN, one zero, as SQL has them (issue 51) -------------------------
+NEGATIVE_NAN = float(np.array([0xFFF8_0000_0000_0000], dtype=np.uint64).view(np.float64)[0])
+# 48 values: zeros of both signs, NaNs of both signs (x86 computes 0/0 and
+# inf - inf as a NaN with its sign bit set), a NULL and -inf
+FLOATS = (
+    [0.0] * 14
+    + [-0.0] * 19
+    + [1.5, 2.5, 3.5] * 3
+    + [float("nan")] * 2
+    + [NEGATIVE_NAN] * 2
+    + [None, float("-inf")]
+)
+FLOAT_QUERIES = [
+    "SELECT count(*) AS n FROM {t} WHERE f = 0.0",
+    "SELECT count(*) AS n FROM {t} WHERE f IN (0.0, 1.5, 2.5, 3.5)",
+    "SELECT count(*) AS n FROM {t} WHERE f = 0.0 OR f = 1.5 OR f = 2.5 OR f = 3.5",
+    "SELECT count(*) AS n FROM {t} WHERE f IN (-0.0, 7.0)",
+    "SELECT count(*) AS n FROM {t} WHERE f < 0.0",
+    "SELECT count(*) AS n FROM {t} WHERE f > 0.0",
+    "SELECT count(*) AS n FROM {t} WHERE f = 'NaN'::double",
+    "SELECT count(*) AS n FROM {t} WHERE f - f < 0.0",
+    "SELECT count(*) AS n FROM {t} WHERE nullif(f, 0.0) IS NULL",
+    "SELECT g, min(f) AS lo, max(f) AS hi FROM {t} GROUP BY g ORDER BY g",
+    "SELECT g, min(f - f) AS lo, max(f * 0.0) AS hi FROM {t} GROUP BY g ORDER BY g",
+    "SELECT min(f) AS lo, max(f) AS hi FROM {t}",
+    "SELECT count(DISTINCT f) AS n FROM {t}",
+    "SELECT f, count(*) AS n FROM {t} GROUP BY f ORDER BY f NULLS LAST",
+    "SELECT f FROM {t} ORDER BY f NULLS LAST LIMIT 3",
+    "SELECT f FROM {t} WHERE f IS NOT NULL ORDER BY f DESC LIMIT 3",
+    "SELECT count(*) AS n FROM {t} a JOIN {t} b ON a.f = b.f",
+    "SELECT nullif(-0.0::double, 0.0::double) AS v",
+]
+
+
+def _same(a: list, b: list) -> bool:
+    """Rows equal as SQL has it: a NaN equals a NaN, -0.0 equals 0.0."""
+    key = lambda v: "NaN" if isinstance(v, float) and math.isnan(v) else v  # noqa: E731
+    return [tuple(map(key, r)) for r in a] == [tuple(map(key, r)) for r in b]
+
+
+@pytest.fixture
+def floats(small):
+    """The 40-row population with a float column ``f`` holding both zeros
+    and both NaNs as stored, ``g`` its group; ``aux``: the same rows
+    registered; and DuckDB over the same rows, the referee."""
+    import duckdb
+
+    ds = drt.open(small)
+    base = ds.get_metadata().select("cache_id", "sample_id")
+    values = FLOATS[:25] + FLOATS[33:]  # 40 rows: 14 zeros, 11 negative zeros
+    frame = base.with_columns(
+        pl.Series("f", values, dtype=pl.Float64),
+        pl.Series("g", [i % 3 for i in range(len(values))], dtype=pl.Int64),
+    )
+    ds.update_metadata(frame)
+    stored = ds.get_metadata()["f"].to_numpy()
+    # the population holds the signs as written (the test is about them)
+    assert np.signbit(stored[np.isnan(stored)]).sum() == 2
+    assert np.signbit(stored[stored == 0.0]).sum() == 11
+    ds.register("aux", frame)
+    duck = duckdb.connect()
+    duck.register("t", frame.to_arrow())
+    return ds, duck
+
+
+@pytest.mark.parametrize("table", ["metadata", "aux"])
+@pytest.mark.parametrize("query", FLOAT_QUERIES)
+def test_floats_answer_as_sql_has_them(floats, table, query):
+    ds, duck = floats
+    got = ds.sql(query.format(t=table)).rows()
+    want = duck.sql(query.format(t="t")).fetchall()
+    assert _same(got, want), (got, want)

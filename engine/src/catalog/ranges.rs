@@ -81,9 +81,15 @@ impl ColumnRange {
 
     /// `(least, greatest)` as one-element arrays of `data_type` (the
     /// column's), or `None` if this range is not of that type's kind.
+    ///
+    /// For pruning, floats as SQL has them: a range with a NaN end says
+    /// nothing (a NaN's sign does not survive the text, and SQL has one
+    /// NaN), and -0.0 is the zero, so `f = 0.0` keeps a part of -0.0s.
     pub fn arrays(&self, data_type: &DataType) -> Option<(ArrayRef, ArrayRef)> {
         use arrow::array::{Float64Array, Int64Array, UInt64Array};
+        let zero = |x: f64| if x == 0.0 { 0.0 } else { x };
         let (a, b): (ArrayRef, ArrayRef) = match (*self, data_type) {
+            (ColumnRange::Float(a, b), _) if a.is_nan() || b.is_nan() => return None,
             (ColumnRange::Int(a, b), t) if t.is_signed_integer() => (
                 std::sync::Arc::new(Int64Array::from(vec![a])),
                 std::sync::Arc::new(Int64Array::from(vec![b])),
@@ -93,8 +99,8 @@ impl ColumnRange {
                 std::sync::Arc::new(UInt64Array::from(vec![b])),
             ),
             (ColumnRange::Float(a, b), DataType::Float32 | DataType::Float64) => (
-                std::sync::Arc::new(Float64Array::from(vec![a])),
-                std::sync::Arc::new(Float64Array::from(vec![b])),
+                std::sync::Arc::new(Float64Array::from(vec![zero(a)])),
+                std::sync::Arc::new(Float64Array::from(vec![zero(b)])),
             ),
             _ => return None,
         };
@@ -107,6 +113,22 @@ impl ColumnRange {
 mod tests {
     use super::*;
     use arrow::array::{Float32Array, Float64Array, Int16Array, StringArray, UInt64Array};
+
+    #[test]
+    fn float_ranges_prune_as_sql_orders_floats() {
+        let f64s = &DataType::Float64;
+        assert!(ColumnRange::Float(-1.0, f64::NAN).arrays(f64s).is_none());
+        assert!(ColumnRange::Float(-f64::NAN, 2.0).arrays(f64s).is_none());
+        let (least, most) = ColumnRange::Float(-0.0, -0.0).arrays(f64s).unwrap();
+        for end in [least, most] {
+            let end = end
+                .as_any()
+                .downcast_ref::<Float64Array>()
+                .unwrap()
+                .value(0);
+            assert!(end == 0.0 && end.is_sign_positive());
+        }
+    }
 
     #[test]
     fn ranges_leave_out_nulls_and_order_floats_as_arrow_does() {

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SessionStateBuilder, TaskContext};
+use datafusion::functions_aggregate::min_max;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_distributed::{
     DesiredTaskCountEvent, DesiredTaskCountEventResponse, DistributedExt, DistributedLeafExec,
@@ -93,8 +94,16 @@ pub fn worker() -> Worker {
             &mut state,
             Arc::new(super::udf::drt_shape_weights()),
         )?;
-        for udf in [super::udf::md5(), super::udf::sha256()] {
+        for udf in [
+            super::udf::drt_canonical(),
+            super::udf::md5(),
+            super::udf::sha256(),
+        ] {
             datafusion::execution::FunctionRegistry::register_udf(&mut state, Arc::new(udf))?;
+        }
+        for builtin in [min_max::min_udaf(), min_max::max_udaf()] {
+            let udaf = Arc::new(super::udf::nan_ordered(builtin));
+            datafusion::execution::FunctionRegistry::register_udaf(&mut state, udaf)?;
         }
         Ok(state)
     })

@@ -20,6 +20,7 @@ use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::datasource::MemTable;
 use datafusion::execution::SessionStateBuilder;
+use datafusion::functions_aggregate::min_max;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::optimizer::analyzer::{Analyzer, AnalyzerRule};
 use datafusion::optimizer::{Optimizer, OptimizerRule};
@@ -162,6 +163,8 @@ impl QuerySession {
         let mut analyzers: Vec<Arc<dyn AnalyzerRule + Send + Sync>> =
             vec![Arc::new(exec::BalanceChains)];
         analyzers.extend(Analyzer::new().rules);
+        // after type coercion, before the optimizer folds constants
+        analyzers.push(Arc::new(exec::CanonicalFloats));
         let state = SessionStateBuilder::new()
             .with_config(config)
             .with_runtime_env(memory::runtime(limit)?)
@@ -191,6 +194,10 @@ impl QuerySession {
             if let Ok(builtin) = datafusion::execution::FunctionRegistry::udf(&ctx, name) {
                 ctx.register_udf(udf::bytes_too(builtin));
             }
+        }
+        ctx.register_udf(udf::drt_canonical());
+        for builtin in [min_max::min_udaf(), min_max::max_udaf()] {
+            ctx.register_udaf(udf::nan_ordered(builtin));
         }
         ctx.register_udf(udf::md5());
         ctx.register_udf(udf::sha256());
@@ -239,7 +246,9 @@ impl QuerySession {
             let big = batch.get_array_memory_size() > self.memory_limit / 16;
             for at in (0..batch.num_rows()).step_by(BATCH_SIZE) {
                 let slice = batch.slice(at, BATCH_SIZE.min(batch.num_rows() - at));
-                cut.push(if big { compact(&slice)? } else { slice });
+                let slice = if big { compact(&slice)? } else { slice };
+                // SQL's one NaN and one zero (exec::floats)
+                cut.push(exec::canonical_batch(slice)?);
             }
         }
         let table = MemTable::try_new(schema, vec![cut])?;

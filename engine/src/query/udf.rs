@@ -12,11 +12,13 @@ use arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Array, StringArr
 use arrow::datatypes::{DataType, Field, FieldRef, Float64Type, Int64Type};
 use datafusion::common::ScalarValue;
 use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::function::{PartitionEvaluatorArgs, WindowUDFFieldArgs};
 use datafusion::logical_expr::type_coercion::functions::fields_with_udf;
 use datafusion::logical_expr::{
-    create_udf, ColumnarValue, PartitionEvaluator, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
-    Signature, SimpleScalarUDF, Volatility, WindowUDF, WindowUDFImpl,
+    create_udf, Accumulator, AggregateUDF, AggregateUDFImpl, ColumnarValue, GroupsAccumulator,
+    PartitionEvaluator, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    SimpleScalarUDF, Volatility, WindowUDF, WindowUDFImpl,
 };
 use datafusion::physical_expr::expressions::Literal;
 use datafusion::physical_expr::PhysicalExpr;
@@ -321,4 +323,136 @@ pub fn md5() -> ScalarUDF {
 pub fn sha256() -> ScalarUDF {
     use sha2::Digest;
     hex_hash("sha256", |v| sha2::Sha256::digest(v).to_vec())
+}
+
+/// `drt_canonical(x) -> x's type`: a float with one NaN (sign bit clear)
+/// and one zero (+0.0), the form every float of a query takes (see
+/// `exec::floats`, whose rule wraps computed floats in it).
+pub fn drt_canonical() -> ScalarUDF {
+    ScalarUDF::from(Canonical {
+        signature: Signature::uniform(
+            1,
+            vec![DataType::Float32, DataType::Float64],
+            Volatility::Immutable,
+        ),
+    })
+}
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Canonical {
+    signature: Signature,
+}
+
+impl ScalarUDFImpl for Canonical {
+    fn name(&self) -> &str {
+        "drt_canonical"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, args: &[DataType]) -> Result<DataType> {
+        Ok(args[0].clone())
+    }
+
+    /// Its argument's field: a null only where the argument has one, so the
+    /// plan's schema (a non-null `coalesce`, say) stays as it was.
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        Ok(args.arg_fields[0].clone())
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        Ok(match &args.args[0] {
+            ColumnarValue::Array(a) => ColumnarValue::Array(
+                super::exec::canonical(a.as_ref()).unwrap_or_else(|| a.clone()),
+            ),
+            ColumnarValue::Scalar(s) => {
+                let a = s.to_array()?;
+                let a = super::exec::canonical(a.as_ref()).unwrap_or(a);
+                ColumnarValue::Scalar(ScalarValue::try_from_array(&a, 0)?)
+            }
+        })
+    }
+}
+
+/// `min` and `max` as SQL has them over floats: DataFusion 55's grouped
+/// accumulators for floats compare with `<` (a NaN neither wins nor loses,
+/// and a group of NaNs answers `f64::MIN`), while its one-group accumulator
+/// orders NaN above every number, as SQL does. Over a float argument this
+/// wrapper takes the one-group accumulator per group (slower, right);
+/// every other type, and everything else, is the builtin's.
+pub fn nan_ordered(builtin: Arc<AggregateUDF>) -> AggregateUDF {
+    AggregateUDF::new_from_impl(NanOrdered { builtin })
+}
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct NanOrdered {
+    builtin: Arc<AggregateUDF>,
+}
+
+impl AggregateUDFImpl for NanOrdered {
+    fn name(&self) -> &str {
+        self.builtin.name()
+    }
+
+    fn aliases(&self) -> &[String] {
+        self.builtin.aliases()
+    }
+
+    fn signature(&self) -> &Signature {
+        self.builtin.signature()
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        self.builtin.return_type(arg_types)
+    }
+
+    fn return_field(&self, arg_fields: &[FieldRef]) -> Result<FieldRef> {
+        self.builtin.return_field(arg_fields)
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        self.builtin.coerce_types(arg_types)
+    }
+
+    fn is_nullable(&self) -> bool {
+        self.builtin.is_nullable()
+    }
+
+    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        self.builtin.accumulator(args)
+    }
+
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        self.builtin.state_fields(args)
+    }
+
+    fn groups_accumulator_supported(&self, args: AccumulatorArgs) -> bool {
+        let float = args.expr_fields.iter().any(|f| f.data_type().is_floating());
+        !float && self.builtin.groups_accumulator_supported(args)
+    }
+
+    fn create_groups_accumulator(
+        &self,
+        args: AccumulatorArgs,
+    ) -> Result<Box<dyn GroupsAccumulator>> {
+        self.builtin.create_groups_accumulator(args)
+    }
+
+    fn create_sliding_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        self.builtin.create_sliding_accumulator(args)
+    }
+
+    fn is_descending(&self) -> Option<bool> {
+        self.builtin.is_descending()
+    }
+
+    fn default_value(&self, data_type: &DataType) -> Result<ScalarValue> {
+        self.builtin.default_value(data_type)
+    }
+
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        self.builtin.documentation()
+    }
 }

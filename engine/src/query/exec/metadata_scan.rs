@@ -284,11 +284,10 @@ impl ExecutionPlan for MetadataScanExec {
                             .iter()
                             .map(|a| a.slice(slice.start + at, len))
                             .collect();
-                        Ok(RecordBatch::try_new_with_options(
-                            out.clone(),
-                            views,
-                            &options,
-                        )?)
+                        let batch =
+                            RecordBatch::try_new_with_options(out.clone(), views, &options)?;
+                        // SQL's one NaN and one zero (super::floats)
+                        super::canonical_batch(batch)
                     }))
                 }
             };

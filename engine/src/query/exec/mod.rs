@@ -12,11 +12,15 @@
 //! * [`BalanceChains`]: long `AND`/`OR`/`||` chains as balanced trees (a
 //!   generated 20,000-term filter plans in linear time, without deep
 //!   recursion).
+//! * [`CanonicalFloats`]: every float a query computes has one NaN and one
+//!   zero, as the values it reads do ([`canonical_batch`]): SQL's equality
+//!   and order of floats, where Arrow's and DataFusion's differ.
 //! * [`PopulationWriteExec`]: a query's rows stored as partitions of an
 //!   update where they are computed, planned by [`WritingPlanner`].
 
 mod coop;
 mod deep;
+mod floats;
 mod join_rule;
 pub(crate) mod metadata_scan;
 pub(crate) mod sample;
@@ -27,6 +31,7 @@ mod write;
 
 pub use coop::YieldingJoins;
 pub use deep::BalanceChains;
+pub use floats::{canonical, canonical_batch, CanonicalFloats};
 pub use join_rule::{NoteSorts, PayloadJoinRule};
 pub use metadata_scan::{MetadataScanExec, Slice};
 pub use sample::{draws_schema, SampleExec};

@@ -197,8 +197,9 @@ impl From<DataFusionError> for Error {
             // ours when this is the last holder, else DataFusion's
             DataFusionError::Shared(inner) => match std::sync::Arc::try_unwrap(inner) {
                 Ok(owned) => Error::from(owned),
-                Err(shared) => match shared.as_ref() {
-                    DataFusionError::ResourcesExhausted(msg) => {
+                Err(shared) => match (shared.as_ref(), ours_within(&shared)) {
+                    (_, Some(ours)) => ours.duplicate(),
+                    (DataFusionError::ResourcesExhausted(msg), None) => {
                         Error::from(DataFusionError::ResourcesExhausted(msg.clone()))
                     }
                     _ => Error::DataFusion(DataFusionError::Shared(shared)),
@@ -223,6 +224,74 @@ impl From<DataFusionError> for Error {
             ))),
             DataFusionError::ExecutionJoin(e) => Error::Internal(format!("a task failed: {e}")),
             other => Error::DataFusion(other),
+        }
+    }
+}
+
+/// Our error inside a DataFusion error that still has other holders (a hash
+/// join's build side shares its error with every partition): which holder
+/// converts it last is a race, so the kind must not depend on it.
+fn ours_within(err: &DataFusionError) -> Option<&Error> {
+    match err {
+        DataFusionError::External(inner) => inner.downcast_ref::<Error>(),
+        DataFusionError::ArrowError(inner, _) => match inner.as_ref() {
+            ArrowError::ExternalError(inner) => inner.downcast_ref::<Error>(),
+            _ => None,
+        },
+        DataFusionError::Context(_, inner) => ours_within(inner),
+        DataFusionError::Shared(inner) => ours_within(inner),
+        _ => None,
+    }
+}
+
+impl Error {
+    /// A copy of an error held elsewhere, of the same kind and text. The
+    /// wrapped Arrow and DataFusion errors cannot be copied: they keep
+    /// their text as an internal error's.
+    fn duplicate(&self) -> Error {
+        match self {
+            Error::InvalidInput { message, culprit } => Error::InvalidInput {
+                message: message.clone(),
+                culprit: culprit.clone(),
+            },
+            Error::NotFound { what, path } => Error::NotFound {
+                what,
+                path: path.clone(),
+            },
+            Error::Corrupt {
+                path,
+                detail,
+                record,
+            } => Error::Corrupt {
+                path: path.clone(),
+                detail: detail.clone(),
+                record: *record,
+            },
+            Error::UnsupportedVersion {
+                path,
+                found,
+                supported,
+            } => Error::UnsupportedVersion {
+                path: path.clone(),
+                found: *found,
+                supported: *supported,
+            },
+            Error::Remote { object, detail } => Error::Remote {
+                object: object.clone(),
+                detail: detail.clone(),
+            },
+            Error::Io { path, source } => Error::Io {
+                path: path.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            Error::Conflict { dir, base, head } => Error::Conflict {
+                dir: dir.clone(),
+                base: *base,
+                head: *head,
+            },
+            Error::Internal(msg) => Error::Internal(msg.clone()),
+            Error::Arrow(inner) => Error::Internal(format!("arrow: {inner}")),
+            Error::DataFusion(inner) => Error::Internal(inner.to_string()),
         }
     }
 }
@@ -263,5 +332,27 @@ mod tests {
             text.starts_with("Resources exhausted: no room. The query"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_shared_error_keeps_its_kind_whoever_converts_it_last() {
+        // a hash join hands one error to every partition; the partition that
+        // is not the last holder must still see an invalid input, not a
+        // DataFusion error (the kind a user catches decided by a race)
+        let ours = DataFusionError::External(Box::new(
+            Error::invalid("a score of NaN").at_column("il_loss", None),
+        ));
+        let shared = std::sync::Arc::new(DataFusionError::Context("join".into(), Box::new(ours)));
+        let other_holder = std::sync::Arc::clone(&shared);
+        let seen = Error::from(DataFusionError::Shared(shared));
+        match &seen {
+            Error::InvalidInput { message, culprit } => {
+                assert_eq!(message, "a score of NaN");
+                assert_eq!(culprit.column.as_deref(), Some("il_loss"));
+            }
+            other => panic!("expected an invalid input, got {other:?}"),
+        }
+        let last = Error::from(DataFusionError::Shared(other_holder));
+        assert!(matches!(last, Error::InvalidInput { .. }), "{last}");
     }
 }

@@ -367,3 +367,73 @@ def test_floats_answer_as_sql_has_them(floats, table, query):
     got = ds.sql(query.format(t=table)).rows()
     want = duck.sql(query.format(t="t")).fetchall()
     assert _same(got, want), (got, want)
+
+
+# Sorts DataFusion's ordering analysis could not prove, over partitions
+# merged in order: `sqrt`, `ln`, `abs` of a range it cannot bound, UNION ALL
+# branches ordered for different reasons, and a payload join sorted by the
+# payloads' identity. Each was "does not satisfy order requirements". The
+# second query of a pair is DuckDB's over the same rows (no `payloads`).
+SORTS = {
+    "sqrt": "SELECT cache_id, sample_id FROM {t} ORDER BY sqrt(quality), cache_id, sample_id",
+    "ln": "SELECT cache_id, sample_id FROM {t} ORDER BY ln(quality + 1) DESC, cache_id, sample_id",
+    "sqrt_limit": "SELECT sample_id FROM {t} ORDER BY sqrt(sample_id) DESC, cache_id LIMIT 3",
+    "correlated": (
+        "SELECT split, (SELECT max(label) FROM {t} m2 WHERE m2.split = m.split) AS x "
+        "FROM {t} m ORDER BY abs(ascii(split)), split"
+    ),
+    "union_all": (
+        "SELECT split AS c0, split AS c1 FROM {t} "
+        "UNION ALL SELECT split, 'x' FROM {t} ORDER BY 1, 2"
+    ),
+    "payload_join": (
+        "SELECT m.cache_id, m.sample_id, m.label FROM metadata m "
+        "JOIN payloads p USING (cache_id, sample_id) WHERE m.label > 0 "
+        "ORDER BY p.cache_id DESC, p.sample_id, m.label",
+        "SELECT cache_id, sample_id, label FROM {t} WHERE label > 0 "
+        "ORDER BY cache_id DESC, sample_id, label",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", SORTS)
+def test_ordinary_sorts_plan_and_answer_in_order(two_caches_cut, name):
+    import duckdb
+
+    ds = two_caches_cut
+    ours, theirs = SORTS[name] if isinstance(SORTS[name], tuple) else (SORTS[name],) * 2
+    duck = duckdb.connect()
+    duck.register("t", ds.get_metadata().to_arrow())
+    got = ds.sql(ours.format(t="metadata")).rows()
+    assert got == duck.sql(theirs.format(t="t")).fetchall()
+
+
+def test_select_of_a_filtered_payload_join_sorted_by_payload_keys_stores_it(two_caches_cut):
+    ds = two_caches_cut
+    ds.select(
+        "SELECT m.* FROM metadata m JOIN payloads p USING (cache_id, sample_id) "
+        "WHERE m.label > 0 ORDER BY p.cache_id DESC, p.sample_id"
+    )
+    stored = ds.get_metadata()
+    assert stored.height == 720 and stored["label"].min() > 0
+    ids = stored.select("cache_id", "sample_id")
+    assert ids.equals(ids.sort(["cache_id", "sample_id"], descending=[True, False]))
+
+
+def test_between_over_an_unsigned_column_and_infinity_answers(small):
+    """`BETWEEN` compares each pair in its own type, as SQL does: DataFusion
+    coerced a UInt64, an integer and `inf` to one decimal and failed."""
+    ds = drt.open(small)
+    frame = ds.get_metadata().select(pl.col("sample_id").cast(pl.UInt64).alias("u"))
+    ds.register("aux", frame)
+    one = "SELECT count(*) AS n FROM aux WHERE u BETWEEN 1 AND 'inf'::double"
+    assert ds.sql(one)["n"][0] == 39
+    outside = "SELECT count(*) AS n FROM aux WHERE u NOT BETWEEN 1 AND 'inf'::double"
+    assert ds.sql(outside)["n"][0] == 1
+    # the column a BETWEEN names keeps its name
+    named = ds.sql("SELECT u BETWEEN 1 AND 2 FROM aux ORDER BY u LIMIT 3")
+    assert named.columns == ["aux.u BETWEEN Int64(1) AND Int64(2)"]
+    assert named.to_series().to_list() == [False, True, True]
+    # a literal that cannot be cast is the query's fault
+    with pytest.raises(drt.QueryError, match="Infinity"):
+        ds.sql("SELECT count(*) FROM aux WHERE u < 'Infinity'")

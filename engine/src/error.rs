@@ -191,6 +191,19 @@ impl From<DataFusionError> for Error {
                     inner.trim_end_matches('.')
                 )))
             }
+            // a value the query computes cannot be cast, divided or held:
+            // the query's to change, as its other errors are
+            DataFusionError::ArrowError(inner, context)
+                if matches!(
+                    *inner,
+                    ArrowError::CastError(_)
+                        | ArrowError::ParseError(_)
+                        | ArrowError::DivideByZero
+                        | ArrowError::ArithmeticOverflow(_)
+                ) =>
+            {
+                Error::DataFusion(DataFusionError::ArrowError(inner, context))
+            }
             DataFusionError::ArrowError(inner, _) => Error::from(*inner),
             DataFusionError::Context(_, inner) => Error::from(*inner),
             // a hash join's build side hands its error to every partition:
@@ -317,6 +330,12 @@ mod tests {
             matches!(refused, Error::DataFusion(DataFusionError::Plan(_))),
             "{refused}"
         );
+        // a literal the query casts, or a division by zero: the query's
+        let cast = ArrowError::CastError("Cannot cast string 'Infinity' to UInt64".into());
+        let cast = Error::from(DataFusionError::ArrowError(Box::new(cast), None));
+        assert!(matches!(cast, Error::DataFusion(_)), "{cast}");
+        let divided = DataFusionError::ArrowError(Box::new(ArrowError::DivideByZero), None);
+        assert!(matches!(Error::from(divided), Error::DataFusion(_)));
         // a panicked task is a bug, whoever's
         let panicked: Box<dyn std::error::Error + Send + Sync> = "task 3 panicked".into();
         let panicked = Error::from(DataFusionError::External(panicked));

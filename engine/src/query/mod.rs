@@ -155,13 +155,22 @@ impl QuerySession {
             vec![Arc::new(exec::BalanceChains)];
         rules.extend(Optimizer::new().rules);
         rules.push(Arc::new(exec::BalanceChains));
+        rules.push(Arc::new(exec::SortKeysAsColumns));
         // before DataFusion's passes, one of which moves a top-k sort below
         // a window function (`exec::LimitAboveWindows`)
         let mut physical: Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> =
             vec![Arc::new(exec::NoteSorts), Arc::new(exec::LimitAboveWindows)];
-        physical.extend(PhysicalOptimizer::new().rules);
-        let mut analyzers: Vec<Arc<dyn AnalyzerRule + Send + Sync>> =
-            vec![Arc::new(exec::BalanceChains)];
+        // DataFusion's sanity check runs once, last, after ours (below)
+        physical.extend(
+            PhysicalOptimizer::new()
+                .rules
+                .into_iter()
+                .filter(|rule| rule.name() != SanityCheckPlan::new().name()),
+        );
+        let mut analyzers: Vec<Arc<dyn AnalyzerRule + Send + Sync>> = vec![
+            Arc::new(exec::BalanceChains),
+            Arc::new(exec::BetweenAsComparisons),
+        ];
         analyzers.extend(Analyzer::new().rules);
         // after type coercion, before the optimizer folds constants
         analyzers.push(Arc::new(exec::CanonicalFloats));
@@ -174,6 +183,7 @@ impl QuerySession {
             .with_physical_optimizer_rules(physical)
             .with_physical_optimizer_rule(Arc::new(exec::PayloadJoinRule))
             .with_physical_optimizer_rule(Arc::new(exec::YieldingJoins))
+            .with_physical_optimizer_rule(Arc::new(exec::EnsureOrderings))
             // DataFusion's own check that every node gets the ordering and
             // partitioning it requires, run again after our rules: a rule or
             // node that declares more than it delivers is a planning error,

@@ -483,6 +483,51 @@ async fn with_one_partition_a_payload_join_is_still_a_take() {
     );
 }
 
+#[tokio::test]
+async fn a_sort_by_an_expression_sorts_by_a_column_computed_below_it() {
+    let f = fixture();
+    // DataFusion cannot tell how `sqrt` orders an input it cannot bound, so
+    // the merge above a sort by `sqrt(label)` saw no order and the plan was
+    // refused; sorted by a column, the merge knows
+    assert_plan(
+        &f.session,
+        "SELECT sample_id FROM metadata ORDER BY sqrt(label) DESC, sample_id LIMIT 3",
+        "
+ProjectionExec: expr=[sample_id@0 as sample_id]
+  SortPreservingMergeExec: [__drt_sort_key_0@1 DESC, sample_id@0 ASC NULLS LAST], fetch=3
+    SortExec: TopK(fetch=3), expr=[__drt_sort_key_0@1 DESC, sample_id@0 ASC NULLS LAST], preserve_partitioning=[true]
+      ProjectionExec: expr=[sample_id@0 as sample_id, drt_canonical(sqrt(CAST(label@1 AS Float64))) as __drt_sort_key_0]
+        MetadataScanExec: snapshot=0, columns=[sample_id, label], partitions=1 of 1, slices=2
+",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn union_branches_ordered_for_different_reasons_are_sorted_again() {
+    let f = fixture();
+    // one branch is ordered by `split` (its two columns are equal), the
+    // other by `split` with a constant: each skips the second key, and the
+    // union knows neither reason
+    assert_plan(
+        &f.session,
+        "SELECT split AS a, split AS b FROM metadata \
+         UNION ALL SELECT split, 'x' FROM metadata ORDER BY 1, 2",
+        "
+SortPreservingMergeExec: [a@0 ASC NULLS LAST, b@1 ASC NULLS LAST]
+  SortExec: expr=[a@0 ASC NULLS LAST, b@1 ASC NULLS LAST], preserve_partitioning=[true]
+    UnionExec
+      ProjectionExec: expr=[split@0 as a, split@0 as b]
+        SortExec: expr=[split@0 ASC NULLS LAST], preserve_partitioning=[true]
+          MetadataScanExec: snapshot=0, columns=[split], partitions=1 of 1, slices=2
+      SortExec: expr=[a@0 ASC NULLS LAST], preserve_partitioning=[true]
+        ProjectionExec: expr=[split@0 as a, CAST(x AS Utf8) as b]
+          MetadataScanExec: snapshot=0, columns=[split], partitions=1 of 1, slices=2
+",
+    )
+    .await;
+}
+
 // ---- differential: the rule on vs off ---------------------------------------
 
 /// A context over `ds` like `QuerySession`'s, with or without the rule.

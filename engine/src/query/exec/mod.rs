@@ -15,9 +15,14 @@
 //! * [`CanonicalFloats`]: every float a query computes has one NaN and one
 //!   zero, as the values it reads do ([`canonical_batch`]): SQL's equality
 //!   and order of floats, where Arrow's and DataFusion's differ.
+//! * [`BetweenAsComparisons`]: `BETWEEN` compares each pair of operands in
+//!   its own type, as SQL does (not all three in one).
+//! * [`SortKeysAsColumns`], [`EnsureOrderings`]: ordinary sorts plan where
+//!   DataFusion's ordering analysis cannot see the order a plan delivers.
 //! * [`PopulationWriteExec`]: a query's rows stored as partitions of an
 //!   update where they are computed, planned by [`WritingPlanner`].
 
+mod between;
 mod coop;
 mod deep;
 mod floats;
@@ -25,10 +30,12 @@ mod join_rule;
 pub(crate) mod metadata_scan;
 pub(crate) mod sample;
 pub(crate) mod scan;
+mod sorts;
 pub mod take;
 mod window_limit;
 mod write;
 
+pub use between::BetweenAsComparisons;
 pub use coop::YieldingJoins;
 pub use deep::BalanceChains;
 pub use floats::{canonical, canonical_batch, CanonicalFloats};
@@ -36,6 +43,7 @@ pub use join_rule::{NoteSorts, PayloadJoinRule};
 pub use metadata_scan::{MetadataScanExec, Slice};
 pub use sample::{draws_schema, SampleExec};
 pub use scan::PayloadScanExec;
+pub use sorts::{EnsureOrderings, SortKeysAsColumns};
 pub use take::{PayloadColumn, PayloadTakeExec, Unmatched};
 pub use window_limit::LimitAboveWindows;
 pub use write::{describe, PopulationWriteExec, WriteTo, WritingPlanner};

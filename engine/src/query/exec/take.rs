@@ -21,6 +21,7 @@ use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::Statistics;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{
@@ -128,9 +129,25 @@ impl PayloadTakeExec {
         // Rows leave in input order, some dropped, none added, and the input's
         // columns keep their positions: what the input declares of them
         // (orderings, equal columns, constants, unique keys) still holds.
-        // The appended payload columns are declared nothing.
-        let equivalence = EquivalenceProperties::new(schema.clone())
+        // Of the appended columns, the payload's identity equals the input's
+        // where unmatched rows are dropped (a NULL in its place is not equal):
+        // an order by `p.cache_id` is an order by the input's `cache_id`.
+        let mut equivalence = EquivalenceProperties::new(schema.clone())
             .extend(input.equivalence_properties().clone())?;
+        if !nullable {
+            for (at, column) in columns.iter().enumerate() {
+                let of_input = match column {
+                    PayloadColumn::CacheId => identity.0,
+                    PayloadColumn::SampleId => identity.1,
+                    _ => continue,
+                };
+                let appended = in_schema.fields().len() + at;
+                equivalence.add_equal_conditions(
+                    Arc::new(Column::new(schema.field(of_input).name(), of_input)),
+                    Arc::new(Column::new(schema.field(appended).name(), appended)),
+                )?;
+            }
+        }
         let properties = PlanProperties::new(
             equivalence,
             input.output_partitioning().clone(),

@@ -38,6 +38,22 @@ pub fn threads() -> usize {
 }
 pub use error::{Culprit, Error, RecordAt, Result};
 
+/// A lock a panicked holder left poisoned is taken as it is: every critical
+/// section in the engine and the binding leaves its data valid at each step
+/// (a slot filled or not, a map entry inserted whole), so the panic is
+/// reported where it happened and the lock's other users go on. One rule,
+/// here, for every `Mutex`, `RwLock` and `Condvar` wait.
+pub trait Unpoison<G> {
+    /// The guard, poisoned or not.
+    fn unpoisoned(self) -> G;
+}
+
+impl<G> Unpoison<G> for std::sync::LockResult<G> {
+    fn unpoisoned(self) -> G {
+        self.unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// Stack of each thread of the engine's runtimes (SQL is planned and run
 /// there). DataFusion walks plans and expressions recursively; with its
 /// `recursive_protection` the tree walks grow their stack on the heap, but
@@ -78,17 +94,14 @@ pub fn try_each<T: Sync>(
                     }
                     if let Err(e) = f(item) {
                         stop.store(true, Ordering::Relaxed);
-                        failed
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get_or_insert(e);
+                        failed.lock().unpoisoned().get_or_insert(e);
                         return;
                     }
                 }
             });
         }
     });
-    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+    match failed.into_inner().unpoisoned() {
         Some(e) => Err(e),
         None => Ok(()),
     }
@@ -115,7 +128,7 @@ impl ProcessRuntime {
         build: impl FnOnce() -> std::io::Result<tokio::runtime::Runtime>,
     ) -> std::io::Result<std::sync::Arc<tokio::runtime::Runtime>> {
         let pid = std::process::id();
-        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.slot.lock().unpoisoned();
         if let Some((owner, rt)) = slot.as_ref() {
             if *owner == pid {
                 return Ok(rt.clone());
@@ -132,7 +145,7 @@ impl ProcessRuntime {
     /// Whether this process was forked from one that had started its
     /// runtime (and has not made its own yet).
     pub fn inherited(&self) -> bool {
-        let slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = self.slot.lock().unpoisoned();
         slot.as_ref()
             .is_some_and(|(owner, _)| *owner != std::process::id())
     }

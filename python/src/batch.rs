@@ -20,6 +20,7 @@ use arrow::buffer::Buffer;
 use arrow::datatypes::{Int64Type, UInt64Type};
 use datasetrt::load::BatchMetadata;
 use datasetrt::store::CacheSet;
+use datasetrt::Unpoison;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyMemoryView, PySlice};
 use pyo3_arrow::{PyRecordBatch, PyTable};
@@ -49,7 +50,7 @@ impl ShardMaps {
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         // the lock is never held across a Python call (mmap() releases the GIL)
         let known = {
-            let maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+            let maps = self.maps.lock().unpoisoned();
             maps.get(path).map(|m| m.as_ref().map(|m| m.clone_ref(py)))
         };
         if let Some(found) = known {
@@ -68,7 +69,7 @@ impl ShardMaps {
             }
             _ => None,
         };
-        let mut maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+        let mut maps = self.maps.lock().unpoisoned();
         if maps.len() >= MAX_MAPS {
             maps.clear();
         }

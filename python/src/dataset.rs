@@ -12,6 +12,7 @@ use datasetrt::catalog::{Mixture, Snapshot};
 use datasetrt::load::{BatchMetadata, Loader};
 use datasetrt::query::{LiveQuery, QuerySession};
 use datasetrt::sample::Sampling;
+use datasetrt::Unpoison;
 use datasetrt::{Dataset, OpenOptions};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -481,7 +482,7 @@ impl PyDataset {
         loop {
             let next = py.detach(|| {
                 rx.lock()
-                    .unwrap_or_else(|p| p.into_inner())
+                    .unpoisoned()
                     .recv_timeout(Duration::from_millis(100))
             });
             match next {

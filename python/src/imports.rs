@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use datasetrt::store::tar::TarSamples;
+use datasetrt::Unpoison;
 use pyo3::prelude::*;
 use pyo3_arrow::PyRecordBatch;
 
@@ -39,13 +40,7 @@ impl PyTarSamples {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyRecordBatch>> {
-        let batch = detach(py, || {
-            self.inner
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .next_batch()
-        })?
-        .py()?;
+        let batch = detach(py, || self.inner.lock().unpoisoned().next_batch())?.py()?;
         Ok(batch.map(PyRecordBatch::new))
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use datasetrt::load::{BatchMetadata, Loader};
 use datasetrt::store::CacheSet;
+use datasetrt::Unpoison;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -76,18 +77,12 @@ impl PyLoader {
 
     /// The loader's physical plan, as EXPLAIN shows it.
     fn explain(&self) -> String {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .explain()
+        self.inner.lock().unpoisoned().explain()
     }
 
     /// The plan with its metrics so far (rows, payload bytes, read time).
     fn metrics(&self) -> String {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .metrics()
+        self.inner.lock().unpoisoned().metrics()
     }
 }
 
@@ -103,7 +98,7 @@ impl PyLoader {
             // the GIL is taken back, so another thread calling `metrics()`
             // (with the GIL) waits at most one slice instead of deadlocking.
             let polled = py.detach(|| {
-                let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                let mut guard = self.inner.lock().unpoisoned();
                 let loader: &mut Loader = &mut guard;
                 rt.block_on(async {
                     tokio::time::timeout(Duration::from_millis(50), loader.next()).await

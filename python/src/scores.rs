@@ -11,6 +11,7 @@ use datasetrt::catalog::scores::{
     read_run, read_segment, reweighted, segments, Positions, ScoreState, ScoreWriter,
 };
 use datasetrt::sample::{Shape, Shaping};
+use datasetrt::Unpoison;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use pyo3_arrow::PyTable;
@@ -151,13 +152,7 @@ impl PyScoreState {
     /// Fold the segments published since the last call; the state as an
     /// Arrow table (one row per sample scored).
     fn refresh(&self, py: Python<'_>) -> PyResult<PyTable> {
-        let batch = detach(py, || {
-            self.inner
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .refresh()
-        })?
-        .py()?;
+        let batch = detach(py, || self.inner.lock().unpoisoned().refresh())?.py()?;
         let schema = batch.schema();
         PyTable::try_new(vec![batch], schema)
     }
@@ -184,7 +179,7 @@ impl PyScoreState {
             .and_then(|shape| Shaping::new(shape, floor, cap, anneal))
             .py()?;
         dataset.change(py, |live| {
-            let mut state = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let mut state = self.inner.lock().unpoisoned();
             state.update()?;
             let snapshot = live.dataset().snapshot();
             let batches = reweighted(&snapshot, &state, reference.as_deref(), &shaping)?;

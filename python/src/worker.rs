@@ -10,6 +10,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::IntoPyResult;
 use crate::runtime::runtime;
+use datasetrt::Unpoison;
 
 #[pyclass(name = "Worker", module = "datasetrt_distributed._native")]
 pub struct PyWorker {
@@ -67,7 +68,7 @@ impl PyWorker {
     /// Whether it still serves.
     #[getter]
     fn running(&self) -> bool {
-        let task = self.task.lock().unwrap_or_else(|p| p.into_inner());
+        let task = self.task.lock().unpoisoned();
         task.as_ref().is_some_and(|(t, _)| !t.is_finished())
     }
 
@@ -75,7 +76,7 @@ impl PyWorker {
     /// go away, and the requests in flight get a few seconds to end (then
     /// they are dropped and their coordinators see an error). Idempotent.
     fn stop(&self, py: Python<'_>) -> PyResult<()> {
-        let taken = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let taken = self.task.lock().unpoisoned().take();
         let Some((task, stop)) = taken else {
             return Ok(());
         };
@@ -95,7 +96,7 @@ impl PyWorker {
 
 impl Drop for PyWorker {
     fn drop(&mut self) {
-        let taken = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let taken = self.task.lock().unpoisoned().take();
         if let Some((task, stop)) = taken {
             let _ = stop.send(());
             task.abort();

@@ -5,6 +5,7 @@ use std::sync::Mutex;
 
 use arrow::compute::concat_batches;
 use datasetrt::store::{CacheWriter, Codec, WriterOptions};
+use datasetrt::Unpoison;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyTuple};
 use pyo3_arrow::input::{AnyArray, AnyRecordBatch};
@@ -137,7 +138,7 @@ impl PyCacheWriter {
     fn take(&self) -> PyResult<CacheWriter> {
         self.inner
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unpoisoned()
             .take()
             .ok_or_else(|| invalid("this cache writer is already finished or aborted"))
     }
@@ -187,7 +188,7 @@ impl PyCacheWriter {
         // Locked without the GIL: add_chunk can wait for the compressors, and
         // a thread waiting for the lock must not hold the GIL meanwhile.
         detach(py, || {
-            let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let mut guard = self.inner.lock().unpoisoned();
             match guard.as_mut() {
                 Some(writer) => writer.add_chunk(data, ends),
                 None => Err(datasetrt::Error::invalid(
@@ -206,7 +207,7 @@ impl PyCacheWriter {
         for array in column.into_reader()? {
             let array = array.map_err(|e| invalid(format!("reading the data column: {e}")))?;
             added += detach(py, || {
-                let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                let mut guard = self.inner.lock().unpoisoned();
                 match guard.as_mut() {
                     Some(writer) => writer.add_binary(array.as_ref()),
                     None => Err(datasetrt::Error::invalid(

@@ -23,6 +23,7 @@ use super::commit;
 use super::snapshot::{self, Snapshot};
 use crate::store::fs;
 use crate::store::remote::{block_on, Remote};
+use crate::Unpoison;
 use crate::{Error, Result};
 
 /// Folder of a bucket's snapshot directories.
@@ -241,7 +242,7 @@ impl Mirror {
             }
             Ok::<_, Error>(head_version)
         })??;
-        *self.head.lock().unwrap_or_else(|p| p.into_inner()) = version;
+        *self.head.lock().unpoisoned() = version;
         Ok(())
     }
 
@@ -269,7 +270,7 @@ impl Mirror {
     /// Move the bucket's head to what `dir`'s head names, conditional on the
     /// version last pulled.
     pub fn push_head(&self, dir: &Path, base: u64) -> Result<()> {
-        let mode = match self.head.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+        let mode = match self.head.lock().unpoisoned().clone() {
             Some(v) => PutMode::Update(v),
             None => PutMode::Create,
         };
@@ -358,7 +359,7 @@ impl Mirror {
         match result {
             Some(version) => {
                 if is_head {
-                    *self.head.lock().unwrap_or_else(|p| p.into_inner()) = Some(version);
+                    *self.head.lock().unpoisoned() = Some(version);
                 }
                 Ok(true)
             }

@@ -13,6 +13,7 @@ use xxhash_rust::xxh3::Xxh3;
 use super::snapshot::{escape, unescape};
 use super::Snapshot;
 use crate::sample::{mix_key, EpochSampler, Group, Interleave, MixtureDraws, Sampling, Shares};
+use crate::Unpoison;
 use crate::{Error, Result};
 
 /// A mixture as stored: the grouping column, each group's value (as text:
@@ -217,7 +218,7 @@ impl GroupRows {
             _ => rows.len() as u64,
         };
         let key = (sampling, seed, epoch, g, len);
-        let mut kept = self.samplers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kept = self.samplers.lock().unpoisoned();
         if let Some(sampler) = kept.get(&key) {
             return Ok(sampler.clone());
         }
@@ -266,7 +267,7 @@ const KEPT_GROUPS: usize = 4;
 pub fn group_rows(snapshot: &Snapshot, mixture: &Mixture) -> Result<Arc<GroupRows>> {
     let files = snapshot.column_files(&[mixture.column(), "weight"]);
     let key = (files, mixture.values().to_vec());
-    let mut kept = found().lock().unwrap_or_else(|p| p.into_inner());
+    let mut kept = found().lock().unpoisoned();
     if let Some((_, rows)) = kept.iter().find(|(k, _)| *k == key) {
         return Ok(rows.clone());
     }

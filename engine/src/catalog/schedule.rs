@@ -32,6 +32,7 @@ use super::{commit, read_manifest, Mixture, Snapshot};
 use crate::sample::{EpochSampler, Interleave, Sampling};
 use crate::store::checksum::{open_sealed_text, seal_text};
 use crate::store::fs;
+use crate::Unpoison;
 use crate::{Error, Result};
 
 /// The directory of runs, in a dataset's snapshot directory.
@@ -404,7 +405,7 @@ impl Schedule {
                  {epoch}"
             )));
         }
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.seen.lock().unpoisoned();
         let mine = pack(epoch, end);
         // the readers of a live run are within an epoch of each other: a
         // claim further on was left by an earlier run of this name and is

@@ -15,6 +15,7 @@ use arrow::compute::{cast, interleave_record_batch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
 use crate::catalog::{Dataset, Snapshot};
+use crate::Unpoison;
 use crate::{Error, Result};
 
 /// The snapshots a loader's batches draw from, opened once each.
@@ -36,7 +37,7 @@ impl BatchMetadata {
     }
 
     fn snapshot(&self, number: u64) -> Result<Arc<Snapshot>> {
-        let mut opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        let mut opened = self.opened.lock().unpoisoned();
         if let Some(found) = opened.get(&number) {
             return Ok(found.clone());
         }

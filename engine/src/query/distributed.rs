@@ -35,6 +35,7 @@ use super::exec::{
     MetadataScanExec, PayloadScanExec, PayloadTakeExec, PopulationWriteExec, SampleExec, Slice,
 };
 use crate::catalog::{CacheBounds, Snapshot, StreamRecipe};
+use crate::Unpoison;
 use crate::{Error, Result};
 
 /// The workers a coordinator sends tasks to.
@@ -323,7 +324,7 @@ impl<'a> Reader<'a> {
 fn opened(dir: PathBuf, number: u64) -> Result<Arc<Snapshot>> {
     const KEEP: usize = 4;
     static OPENED: Mutex<Vec<(PathBuf, u64, Arc<Snapshot>)>> = Mutex::new(Vec::new());
-    let mut opened = OPENED.lock().unwrap_or_else(|p| p.into_inner());
+    let mut opened = OPENED.lock().unpoisoned();
     if let Some(at) = opened
         .iter()
         .position(|(d, n, _)| *d == dir && *n == number)

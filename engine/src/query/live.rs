@@ -11,6 +11,7 @@ use arrow::datatypes::SchemaRef;
 
 use super::{blocking, QuerySession};
 use crate::catalog::{Dataset, PartitionEntry, Snapshot};
+use crate::Unpoison;
 use crate::{Error, Result};
 
 /// How often [`LiveQuery::select`] runs its query again on a head another
@@ -80,7 +81,7 @@ impl LiveQuery {
     }
 
     fn lock(&self) -> MutexGuard<'_, ()> {
-        self.changes.lock().unwrap_or_else(|p| p.into_inner())
+        self.changes.lock().unpoisoned()
     }
 
     /// Make `change` (which returns the snapshot now active) under the lock

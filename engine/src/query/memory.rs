@@ -126,6 +126,7 @@ pub fn default_spill_limit() -> u64 {
         .and_then(|path| {
             // SAFETY: statvfs fills the zeroed struct from a NUL-terminated path.
             let mut stats = unsafe { std::mem::zeroed::<libc::statvfs>() };
+            // SAFETY: as above; `stats` outlives the call.
             let ok = unsafe { libc::statvfs(path.as_ptr(), &mut stats) } == 0;
             ok.then(|| stats.f_bavail as u64 * stats.f_frsize as u64)
         });

@@ -13,6 +13,8 @@ use async_trait::async_trait;
 use datafusion::catalog::{SchemaProvider, TableProvider};
 use datafusion::error::{DataFusionError, Result as DfResult};
 
+use crate::Unpoison;
+
 #[derive(Debug, Default)]
 pub struct Tables {
     tables: RwLock<HashMap<String, Arc<dyn TableProvider>>>,
@@ -28,16 +30,12 @@ impl Tables {
     ) -> Option<Arc<dyn TableProvider>> {
         self.tables
             .write()
-            .unwrap_or_else(|p| p.into_inner())
+            .unpoisoned()
             .insert(name.to_string(), table)
     }
 
     fn get(&self, name: &str) -> Option<Arc<dyn TableProvider>> {
-        self.tables
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(name)
-            .cloned()
+        self.tables.read().unpoisoned().get(name).cloned()
     }
 }
 
@@ -65,13 +63,7 @@ pub(crate) fn refuse_reserved(name: &str) -> DfResult<()> {
 #[async_trait]
 impl SchemaProvider for Tables {
     fn table_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .tables
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .cloned()
-            .collect();
+        let mut names: Vec<String> = self.tables.read().unpoisoned().keys().cloned().collect();
         names.sort();
         names
     }
@@ -94,11 +86,7 @@ impl SchemaProvider for Tables {
     /// SQL's `DROP TABLE`.
     fn deregister_table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
         refuse_reserved(name)?;
-        Ok(self
-            .tables
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(name))
+        Ok(self.tables.write().unpoisoned().remove(name))
     }
 
     fn table_exist(&self, name: &str) -> bool {

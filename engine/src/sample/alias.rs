@@ -174,6 +174,8 @@ impl AliasTable {
             // so both slices are aligned for their types and exactly n long.
             let prob =
                 unsafe { std::slice::from_raw_parts_mut(prob_bytes.as_mut_ptr().cast::<f64>(), n) };
+            // SAFETY: as for `prob`: `alias_bytes` starts 8n bytes further, a
+            // multiple of 4, and holds exactly n u32s.
             let alias = unsafe {
                 std::slice::from_raw_parts_mut(alias_bytes.as_mut_ptr().cast::<u32>(), n)
             };

@@ -24,6 +24,7 @@ use super::fs::{remove_stale_temps, sync_dir, temp_sibling, write_atomic};
 use super::host::records;
 use super::manifest::Manifest;
 use super::{ipc, validate_source_name};
+use crate::Unpoison;
 use crate::{Error, Result};
 
 /// How a cache is written.
@@ -167,7 +168,7 @@ impl CacheWriter {
             let rx = job_rx.clone();
             let tx = out_tx.clone();
             compressors.push(std::thread::spawn(move || loop {
-                let job = match rx.lock().expect("job queue lock").recv() {
+                let job = match rx.lock().unpoisoned().recv() {
                     Ok(job) => job,
                     Err(_) => return,
                 };

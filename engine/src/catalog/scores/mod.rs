@@ -38,6 +38,7 @@ use arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, UInt32Array,
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
 use crate::store::{fs as sfs, ipc};
+use crate::Unpoison;
 use crate::{Error, Result};
 
 mod read;
@@ -142,7 +143,7 @@ pub struct ScoreWriter {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    m.lock().unpoisoned()
 }
 
 impl ScoreWriter {
@@ -285,11 +286,7 @@ impl ScoreWriter {
         // everything queued now is durable when this returns Ok
         let pending: usize = queue.segments.iter().map(Rows::len).sum();
         while queue.writing {
-            queue = self
-                .shared
-                .done
-                .wait(queue)
-                .unwrap_or_else(|p| p.into_inner());
+            queue = self.shared.done.wait(queue).unpoisoned();
         }
         queue.error = None; // what failed is tried again now
         self.shared.failed.store(false, Ordering::Release);

@@ -12,6 +12,7 @@ use super::columns::{column_hash, fixed_width, store_columns, StoredChecksums};
 use super::manifest::{read_manifest, ColumnEntry, PartitionEntry};
 use super::Snapshot;
 use crate::catalog::ranges::ColumnRange;
+use crate::Unpoison;
 use crate::{Error, Result};
 
 /// Rows per partition a writer cuts a population into, unless told
@@ -341,7 +342,7 @@ fn hash_partitions(parts: &[RecordBatch], known: &KnownHashes<'_>) -> Vec<Vec<St
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(part) = parts.get(i) else { break };
                 let hashes = hash(part);
-                done.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(hashes);
+                done.lock().unpoisoned()[i] = Some(hashes);
             });
         }
     });

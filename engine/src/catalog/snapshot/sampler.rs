@@ -17,6 +17,7 @@ use crate::sample::{
     Weights,
 };
 use crate::store::CacheSet;
+use crate::Unpoison;
 use crate::{Error, Result};
 
 /// Where a snapshot's per-partition weights and alias tables come from: a
@@ -159,7 +160,7 @@ impl Snapshot {
     ) -> Result<EpochSampler> {
         let key = (mixture.is_some(), sampling, seed, epoch, epoch_len);
         // held while building: a second user of the same epoch waits and reuses it
-        let mut kept = self.samplers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kept = self.samplers.lock().unpoisoned();
         if let Some((_, sampler)) = kept.iter().find(|(k, _)| *k == key) {
             return Ok(sampler.clone());
         }

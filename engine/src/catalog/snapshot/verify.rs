@@ -13,6 +13,7 @@ use crate::store::checksum::crc32c;
 use crate::store::chunks::{self, ChunkTable};
 use crate::store::host::records;
 use crate::store::ipc;
+use crate::Unpoison;
 use crate::{Error, Result};
 
 /// What identifies one version of a file: path, length, modification time,
@@ -42,10 +43,7 @@ fn file_version(path: &Path) -> Option<FileVersion> {
 
 pub(super) fn mark_verified(file: &Path) {
     if let Some(key) = file_version(file) {
-        verified()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key);
+        verified().lock().unpoisoned().insert(key);
     }
 }
 
@@ -61,11 +59,7 @@ pub(super) fn verify_column(file: &Path, mapped_len: usize, entry: &ColumnEntry)
         return Ok(()); // a version-1 manifest: nothing to check against
     };
     if let Some(key) = file_version(file) {
-        if verified()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(&key)
-        {
+        if verified().lock().unpoisoned().contains(&key) {
             return Ok(());
         }
     }

@@ -11,6 +11,8 @@ use std::sync::Mutex;
 
 use memmap2::MmapMut;
 
+use crate::Unpoison;
+
 /// How many counters a file holds.
 pub const COUNTERS: usize = 5;
 const FILE_BYTES: usize = COUNTERS * 8;
@@ -47,7 +49,7 @@ impl Counters {
     fn own(&self) -> &[AtomicU64; COUNTERS] {
         let pid = std::process::id();
         if self.pid.load(Ordering::Acquire) != pid {
-            let maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+            let maps = self.maps.lock().unpoisoned();
             self.remap(pid, maps);
         }
         // SAFETY: `now` points at the start of a live mapping of at least

@@ -18,6 +18,7 @@ use object_store::{
 
 use super::PAGE_SLACK;
 use crate::store::format::MANIFEST_FILE;
+use crate::Unpoison;
 use crate::{Error, Result};
 
 /// Requests in flight at once, by default.
@@ -258,7 +259,7 @@ impl Remote {
     /// This process's client.
     pub fn client(&self) -> Result<Arc<dyn ObjectStore>> {
         let pid = std::process::id();
-        let mut slot = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.client.lock().unpoisoned();
         if let Some((owner, client)) = slot.as_ref() {
             if *owner == pid {
                 return Ok(client.clone());

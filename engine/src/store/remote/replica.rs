@@ -19,6 +19,7 @@ use crate::store::format::{shard_file_name, SHARD_HEADER_LEN};
 use crate::store::fs;
 use crate::store::host::counters::{Counters, COUNTERS};
 use crate::store::reader::{Index, Span};
+use crate::Unpoison;
 use crate::{Error, Result};
 
 /// Disk a held record may take beyond its bytes: a page at its edges.
@@ -527,7 +528,7 @@ impl Replica {
         for attempt in 0..2 {
             // wait for a fetch in flight, as long as one request can take
             if self.state[sample as usize].load(Ordering::Acquire) == IN_FLIGHT {
-                let guard = self.landed.0.lock().unwrap_or_else(|p| p.into_inner());
+                let guard = self.landed.0.lock().unpoisoned();
                 let _ =
                     self.landed
                         .1
@@ -584,7 +585,7 @@ impl Replica {
         let Some(limit) = self.disk_limit else {
             return;
         };
-        let mut fetched = self.read_fetched.lock().unwrap_or_else(|p| p.into_inner());
+        let mut fetched = self.read_fetched.lock().unpoisoned();
         fetched.push_back(sample);
         if self.held_on_disk() <= limit {
             return;
@@ -619,7 +620,7 @@ impl Replica {
         for s in r.records.clone() {
             self.move_state(s, IN_FLIGHT, ABSENT);
         }
-        let _guard = self.landed.0.lock().unwrap_or_else(|p| p.into_inner());
+        let _guard = self.landed.0.lock().unpoisoned();
         self.landed.1.notify_all();
     }
 

@@ -442,7 +442,7 @@ BAD_CONTROLLERS = [
     (("source", {None: 1}), {}, "str or int"),
     (("label", {1: 1, "1": 1}), {}, "twice"),
     (("source",), {"log": 5}, "ScoreLog or a log name"),
-    (("source",), {"run": "bad run"}, "invalid run name"),
+    (("source",), {"run": "bad run"}, "run's name"),
 ]
 
 

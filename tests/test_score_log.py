@@ -172,9 +172,18 @@ def test_bad_names_and_inputs_raise_and_write_nothing(ds):
     for name in bad_names:
         with pytest.raises(drt.InvalidInputError, match="invalid score log name"):
             ds.score_log(name)
-        with pytest.raises(drt.InvalidInputError, match="invalid run name"):
-            ds.score_log("loss", run=name)
     assert ds.score_log("x" * 200, run="A.b-c_1").name == "x" * 200
+    # a run is named by the loader's rule (its run= names the same run)
+    bad_runs = ["", ".x", "..", "a/b", "a b", "x" * 129, "é", "x\n", 3]
+    for run in bad_runs:
+        with pytest.raises(drt.InvalidInputError, match="run's name"):
+            ds.score_log("loss", run=run)
+        if isinstance(run, str) and "\n" not in run:
+            with pytest.raises(drt.InvalidInputError, match="run's name"):
+                ds.loader(batch_size=1, seed=0, run=run)
+    for run in ["x" * 128, "_x", "-x"]:
+        assert ds.score_log("loss", run=run).run == run
+        ds.loader(batch_size=1, seed=0, run=run)
 
     log = ds.score_log("loss", run="r1")
     log.append([0], [1], [1.0], epoch=0, position=0)  # one good row

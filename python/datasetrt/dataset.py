@@ -439,10 +439,12 @@ class Dataset:
             log.register("scores")  # SQL table `scores`, for the sql/ recipes
             ds.apply_sql("loss_ema_weights", alpha=0.5)
 
-        ``name`` and ``run`` (default ``"default"``) follow the rule of source
-        names: 1-200 characters from ``[A-Za-z0-9._-]``, not starting with
-        ``.``, ``_`` or ``-``. Rows are buffered in the process and written as
-        one Arrow IPC segment per flush (by itself every ``flush_rows`` rows)
+        ``name`` follows the rule of source names: 1-200 characters from
+        ``[A-Za-z0-9._-]``, not starting with ``.``, ``_`` or ``-``. ``run``
+        (default ``"default"``) is the loader's ``run=`` rule, the same run:
+        1-128 characters from ``[A-Za-z0-9._-]``, not starting with ``.``.
+        Rows are buffered in the process and written as one Arrow IPC segment
+        per flush (by itself every ``flush_rows`` rows)
         under ``<snapshot dir>/_scores/<name>/<run>/``. Reading keeps one row
         per key, the newest, so a step replayed after a resume replaces its
         rows; a killed process loses only the rows it had not flushed. A

@@ -38,7 +38,7 @@ import polars as pl
 from . import recipes
 from ._state import U64, check_int, check_text
 from .exceptions import InvalidInputError
-from .scores import ScoreLog, check_name
+from .scores import ScoreLog, check_run
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -230,7 +230,7 @@ def group_losses(
     (the newest row read). No row: nothing logged there.
     """
     column = _check_column(dataset, column)
-    run = check_name(run, "run")
+    run = check_run(run)
     if not isinstance(since, (tuple, list)) or len(since) != 2:
         raise InvalidInputError(f"since must be (epoch, position), not {since!r}")
     epoch = check_int(since[0], "since's epoch")
@@ -584,7 +584,7 @@ def _score_log(dataset: Dataset, log: object, run: str | None) -> ScoreLog:
     if isinstance(log, ScoreLog):
         if log.dataset is not dataset:
             raise InvalidInputError("the score log is of another Dataset object")
-        if run is not None and check_name(run, "run") != log.run:
+        if run is not None and check_run(run) != log.run:
             raise InvalidInputError(f"run {run!r} differs from the log's run {log.run!r}")
         return log
     if not isinstance(log, str):

@@ -101,26 +101,36 @@ _I64 = 1 << 63
 _TEMP_PREFIX = ".tmp-"
 
 
-def check_name(name: object, what: str) -> str:
-    """``name`` if it can name a log or a run (the engine's rule of source
+def check_log_name(name: object) -> str:
+    """``name`` if it can name a score log (the engine's rule of source
     names: they become directory names too)."""
     if isinstance(name, str):
-        check_text(name, f"the {what} name")
+        check_text(name, "the score log name")
     try:
         if not isinstance(name, str):
             raise InvalidInputError("not a str")
         _native.check_source_name(name)
     except InvalidInputError:
         raise InvalidInputError(
-            f"invalid {what} name {name!r}: use 1-200 characters from [A-Za-z0-9._-], "
+            f"invalid score log name {name!r}: use 1-200 characters from [A-Za-z0-9._-], "
             f"not starting with '.', '_' or '-'"
         ) from None
     return name
 
 
-def _is_name(name: str) -> bool:
+def check_run(run: object) -> str:
+    """``run`` if it can name a training run: the engine's one rule for the
+    loader's ``run=`` and a score log's run (both name a directory)."""
+    if not isinstance(run, str):
+        raise InvalidInputError(f"a run's name is a str, not {type(run).__name__}")
+    check_text(run, "the run name")
+    _native.check_run(run)
+    return run
+
+
+def _is_run(name: str) -> bool:
     try:
-        check_name(name, "run")
+        check_run(name)
     except InvalidInputError:
         return False
     return True
@@ -165,8 +175,8 @@ class ScoreLog:
         *,
         flush_rows: int = FLUSH_ROWS,
     ):
-        self.name = check_name(name, "score log")
-        self.run = check_name("default" if run is None else run, "run")
+        self.name = check_log_name(name)
+        self.run = check_run("default" if run is None else run)
         self.flush_rows = check_int(flush_rows, "flush_rows", 1, 1 << 30)
         self.dataset = dataset
         self.path = log_root(dataset) / self.name
@@ -298,7 +308,7 @@ class ScoreLog:
         """The runs this log holds segments of, sorted."""
         if not self.path.is_dir():
             return []
-        return sorted(p.name for p in self.path.iterdir() if p.is_dir() and _is_name(p.name))
+        return sorted(p.name for p in self.path.iterdir() if p.is_dir() and _is_run(p.name))
 
     def frame(self, run: str | None = None) -> pl.DataFrame:
         """The log as a polars DataFrame, one row per ``(run, epoch, position)``.
@@ -312,7 +322,7 @@ class ScoreLog:
         flushed first.
         """
         self.flush()
-        runs = self.runs() if run is None else [check_name(run, "run")]
+        runs = self.runs() if run is None else [check_run(run)]
         parts = [_newest(self.path / name, name) for name in runs]
         parts = [p for p in parts if p is not None]
         return pl.concat(parts) if parts else pl.DataFrame(schema=SCHEMA)
@@ -339,7 +349,7 @@ class ScoreLog:
         """The engine's state of ``run`` (kept per run and ``alpha``), after
         this process's buffered rows are flushed."""
         self.flush()
-        run = self.run if run is None else check_name(run, "run")
+        run = self.run if run is None else check_run(run)
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
             raise InvalidInputError(f"alpha must be a number in (0, 1], not {alpha!r}")
         key = (run, float(alpha))

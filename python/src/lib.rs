@@ -34,6 +34,13 @@ fn check_source_name(name: &str) -> PyResult<()> {
     datasetrt::store::validate_source_name(name).py()
 }
 
+/// Raise `InvalidInputError` unless `run` can name a training run (the
+/// loader's `run=` and a score log's run: one rule, the engine's).
+#[pyfunction]
+fn check_run(run: &str) -> PyResult<()> {
+    datasetrt::catalog::schedule::check_run(run).py()
+}
+
 /// Raise `InvalidInputError` unless `name` can be a metadata column.
 #[pyfunction]
 fn check_column_name(name: &str) -> PyResult<()> {
@@ -107,6 +114,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RESERVED_COLUMNS", datasetrt::store::RESERVED_COLUMNS)?;
     m.add("PAYLOAD_COLUMNS", datasetrt::store::PAYLOAD_COLUMNS)?;
     m.add_function(wrap_pyfunction!(check_source_name, m)?)?;
+    m.add_function(wrap_pyfunction!(check_run, m)?)?;
     m.add_function(wrap_pyfunction!(check_column_name, m)?)?;
     m.add_function(wrap_pyfunction!(is_cache_dir, m)?)?;
     m.add_function(wrap_pyfunction!(prepare_partitions, m)?)?;

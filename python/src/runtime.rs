@@ -1,5 +1,9 @@
-//! One process-wide tokio runtime, rebuilt after `fork()`, and the one helper
-//! through which every blocking call releases the GIL.
+//! One process-wide tokio runtime, rebuilt after `fork()`, and the helpers
+//! through which blocking calls release the GIL and then check for Ctrl-C:
+//! `detach` for plain work, `wait` for a future. Four callers call
+//! `py.detach` themselves, each polling with its own Ctrl-C check or inside
+//! a buffer Python lends: `Dataset.verify`'s progress, `Loader`'s poll, a
+//! SQL worker's `stop`, and `decompress` into a new `bytes`.
 
 use std::future::Future;
 use std::sync::mpsc::{self, RecvTimeoutError};

@@ -269,6 +269,21 @@ def test_follow_the_head_a_reweight_between_epochs_changes_the_next_epoch_only(t
     assert [ids(b) for b in DataLoader(again, batch_size=None)] == fresh(ds, 1)
 
 
+def test_following_the_head_stores_the_new_weights_tables_before_workers_read(two_caches):
+    """`set_epoch` on a loader that follows the head makes the new head's
+    alias tables in the training process, once, before the DataLoader forks:
+    its workers map them instead of each building them."""
+    ds, root, _ = two_caches
+    tds = ds.to_torch(batch_size=BS, seed=3, follow="head")
+    meta = ds.get_metadata()
+    ds.update_metadata(meta.with_columns((pl.col("label") + 1.0).alias("weight")))
+    before = set(root.rglob("*.alias"))
+    tds.set_epoch(1)
+    made = set(root.rglob("*.alias")) - before
+    assert len(made) == 1, made  # one partition, one table, before any read
+    assert [ids(b) for b in DataLoader(tds, batch_size=None)] == fresh(ds, 1)
+
+
 def test_records_of_killed_makers_are_swept_by_the_next_one(two_caches, tmp_path):
     """A killed training process never runs its finalizers: the next
     TorchDataset made on the host removes its record."""

@@ -943,8 +943,7 @@ class Dataset:
             epoch_len = check_int(epoch_len, "epoch_len", 1)
         check_text(sampling, "sampling")
         number = None if version is None else self.resolve(version)
-        spec = _native.LoaderSpec(seed=0, sampling=sampling, epoch_len=epoch_len, version=number)
-        return self.plan(spec).epoch_len
+        return self._native.epoch_len(sampling, epoch_len, number)
 
     # -- the engine's face for loaders and adapters ----------------------------
     def plan(self, spec: _native.LoaderSpec) -> _native.DrawPlan:

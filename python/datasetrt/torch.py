@@ -164,8 +164,7 @@ class TorchDataset(IterableDataset):
         """Draw from the dataset's head now, and build its sampler here, once
         for the host: the workers map the stored alias table."""
         self.spec = self.spec.replace(version=self.dataset.head)
-        if self.spec.sampling == "replacement":
-            self.dataset.draws(0, count=1, sampling="replacement", version=self.version)
+        self.dataset._native.prepare_draws(self.spec.sampling, self.version)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch the next iteration draws (call before each epoch).

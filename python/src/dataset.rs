@@ -221,6 +221,31 @@ impl PyDataset {
         PyTable::try_new(vec![batch], schema)
     }
 
+    /// Draws per epoch of `sampling` over snapshot `version` (else the
+    /// active one): `epoch_len` when given, else the mode's default.
+    #[pyo3(signature = (sampling="replacement", epoch_len=None, version=None))]
+    fn epoch_len(
+        &self,
+        py: Python<'_>,
+        sampling: &str,
+        epoch_len: Option<u64>,
+        version: Option<u64>,
+    ) -> PyResult<u64> {
+        let snapshot = self.pinned(version)?;
+        let sampling = Sampling::parse(sampling).py()?;
+        detach(py, move || snapshot.epoch_len(sampling, epoch_len))?.py()
+    }
+
+    /// Make what every epoch of `sampling` over snapshot `version` draws
+    /// through (the stored alias tables of draws with replacement), so
+    /// that forked workers map them instead of each building them.
+    #[pyo3(signature = (sampling="replacement", version=None))]
+    fn prepare_draws(&self, py: Python<'_>, sampling: &str, version: Option<u64>) -> PyResult<()> {
+        let snapshot = self.pinned(version)?;
+        let sampling = Sampling::parse(sampling).py()?;
+        detach(py, move || snapshot.prepare_draws(sampling))?.py()
+    }
+
     /// The snapshot and draws of the reader `spec` describes (a resume
     /// state in it is checked against this dataset).
     fn plan(&self, py: Python<'_>, spec: &PyLoaderSpec) -> PyResult<PyDrawPlan> {

@@ -128,6 +128,18 @@ impl Snapshot {
         }
     }
 
+    /// Make what every epoch of `sampling` draws through, before any draw:
+    /// for draws with replacement, the alias table of each partition a draw
+    /// can land in (mapped where stored, else built and stored, so that a
+    /// host's other processes map it). Other modes keep nothing between
+    /// epochs. A loader that is about to fork its workers calls this once.
+    pub fn prepare_draws(&self, sampling: Sampling) -> Result<()> {
+        match (sampling, &self.mixture) {
+            (Sampling::Replacement, None) => self.partitioned()?.prepare_all(crate::threads()),
+            _ => Ok(()),
+        }
+    }
+
     /// The sampler of epoch `epoch` of `sampling` over this population: draw
     /// `k` is row `sampler.row(k)`. Under a mixture, the mixture's draws.
     pub fn sampler(

@@ -83,6 +83,9 @@ INTERNAL: dict[tuple[str, str], str] = {
     ),
     ("Dataset", "start"): "Loader starts its native loader from its LoaderSpec with it",
     ("Dataset", "pin"): "unpickling pins the snapshot the pickled Dataset had active",
+    ("Dataset", "prepare_draws"): (
+        "TorchDataset makes the head's alias tables with it before a DataLoader forks"
+    ),
     ("Batch", "payload_head"): "records.Reader reads a typed record's header with it",
     ("Batch", "first_unlike"): (
         "records.Reader checks that every record of a batch has one header with it"

@@ -7,6 +7,8 @@
 //! * [`store`]: bytes on disk, local or in a bucket: shards, a fixed-width
 //!   index read in place, a manifest, checksums, codecs, atomic publish, and
 //!   [`store::CacheSet`], the one read path of records by identity.
+//! * [`imports`]: foreign formats read to build caches (WebDataset tar
+//!   shards), beside `store` and above it.
 //! * [`sample`]: which rows, in which order: stateless samplers (draw `k` of
 //!   epoch `e` is `f(seed, e, k)`) and [`sample::DrawPlan`], the arithmetic of
 //!   blocks, readers and resume positions.
@@ -19,6 +21,7 @@
 
 pub mod catalog;
 pub mod error;
+pub mod imports;
 pub mod load;
 pub mod query;
 pub mod sample;

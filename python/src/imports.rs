@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use datasetrt::store::tar::TarSamples;
+use datasetrt::imports::tar::TarSamples;
 use datasetrt::Unpoison;
 use pyo3::prelude::*;
 use pyo3_arrow::PyRecordBatch;
@@ -13,7 +13,7 @@ use crate::error::IntoPyResult;
 use crate::runtime::detach;
 
 /// The samples of one tar shard as Arrow record batches (the engine's
-/// `store::tar::TarSamples`): columns `key`, `members` and one per wanted
+/// `imports::tar::TarSamples`): columns `key`, `members` and one per wanted
 /// extension. Iterating reads the shard without the GIL.
 #[pyclass(frozen, module = "datasetrt._native", name = "TarSamples")]
 pub struct PyTarSamples {

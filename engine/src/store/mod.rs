@@ -27,7 +27,6 @@ mod reader;
 pub mod remote;
 mod set;
 pub mod take;
-pub mod tar;
 mod writer;
 
 pub use codec::Codec;

@@ -422,7 +422,7 @@ fn tar_header(name: &str, size: usize, kind: u8) -> [u8; 512] {
 /// samples, never a panic and never an allocation its file cannot fill.
 #[test]
 fn a_mutated_tar_shard_never_panics_the_reader() {
-    use datasetrt::store::tar::TarSamples;
+    use datasetrt::imports::tar::TarSamples;
     let mut good = Vec::new();
     for i in 0..6 {
         for (ext, size) in [("jpg", 700 + i * 37), ("cls", 1), ("txt", 20)] {

@@ -4,10 +4,11 @@
 
 use std::path::Path;
 
-/// Lowest first: `store` (bytes on disk), `sample` (which rows, in which
-/// order), `catalog` (datasets, snapshots, commits), `query` (DataFusion),
-/// `load` (bytes to Python).
-const LAYERS: [&str; 5] = ["store", "sample", "catalog", "query", "load"];
+/// Lowest first: `store` (bytes on disk), `imports` (foreign formats read
+/// to build caches), `sample` (which rows, in which order), `catalog`
+/// (datasets, snapshots, commits), `query` (DataFusion), `load` (bytes to
+/// Python).
+const LAYERS: [&str; 6] = ["store", "imports", "sample", "catalog", "query", "load"];
 
 fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {

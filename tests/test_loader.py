@@ -299,7 +299,21 @@ def test_a_batch_pickles_with_its_rows_identities_payloads_and_metadata(two_cach
     )
     assert again.data == batch.data and [bytes(v) for v in again.views] == batch.data
     assert again.metadata.equals(batch.metadata)
-    assert again.to_arrow()["data"].to_list() == batch.data
+    # a native batch again (Arrow IPC, as polars pickles a DataFrame): the
+    # draws and the record batch travel, and only the payloads' own bytes
+    assert (again.draws, again.snapshots, again.epoch) == (
+        batch.draws,
+        batch.snapshots,
+        batch.epoch,
+    )
+    assert pl.DataFrame(again.to_arrow()).equals(pl.DataFrame(batch.to_arrow()))
+    payload_bytes = sum(map(len, batch.data))
+    assert len(pickle.dumps(batch)) < payload_bytes + 8192
+    # bytes that are not a pickled batch's streams are refused, not read
+    stream, rows = batch._native.to_ipc()
+    for bad in [(b"x", rows), (rows, rows), (stream, stream[:40])]:
+        with pytest.raises(drt.InvalidInputError, match="pickled batch"):
+            drt._native.Batch.from_ipc(*bad)
 
 
 BUILD_LARGE_POPULATION = r"""

@@ -13,7 +13,8 @@ reason.
 What counts as a native object (parsed, not imported):
 
 - ``_native.<Class>(...)``, and a local name assigned from it (``writer``)
-  or annotated as one (``engine: _native.Dataset = ...``);
+  or annotated as one (``engine: _native.Dataset = ...``); a static method
+  read on the class (``_native.Batch.from_ipc``);
 - ``self._native`` inside a wrapper class that assigns ``self._native``: the
   type of that assignment, a native class or the stub's return type of the
   native method called (``dataset._native.start(...)`` is a ``Loader``);
@@ -94,9 +95,8 @@ INTERNAL: dict[tuple[str, str], str] = {
         "Batch.tensor/torch copy a field of every record into one array with it"
     ),
     ("Batch", "run"): "Batch.tensor views a field in place when the records lie evenly",
-    ("Batch", "metadata_ipc"): (
-        "a pickled Batch carries its metadata rows as Arrow IPC bytes made with it"
-    ),
+    ("Batch", "to_ipc"): "a pickled Batch carries the engine's batch and its metadata as Arrow IPC",
+    ("Batch", "from_ipc"): "an unpickled Batch is a native batch again, made with it",
 }
 
 
@@ -227,6 +227,13 @@ class Uses(ast.NodeVisitor):
         if isinstance(value, ast.Name) and value.id in self.module_aliases:
             if node.attr not in self.classes:
                 self.used.add(("", node.attr))
+        elif (  # `_native.Batch.from_ipc`: a static method read on the class
+            isinstance(value, ast.Attribute)
+            and isinstance(value.value, ast.Name)
+            and value.value.id in self.module_aliases
+            and value.attr in self.classes
+        ):
+            self.used.add((value.attr, node.attr))
         elif isinstance(node.ctx, ast.Load):
             native = self.native_type(value)
             if native is not None:

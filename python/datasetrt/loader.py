@@ -7,10 +7,7 @@ snapshot; see :meth:`datasetrt.Dataset.loader`.
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import io
-import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +15,6 @@ import polars as pl
 
 from . import _html, _native, records
 from ._html import HtmlRepr
-from .exceptions import InvalidInputError
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -91,101 +87,8 @@ class Sample(HtmlRepr):
         return _html.sample(self)
 
 
-class _Lists:
-    """What a :class:`Batch` holds once pickled (sent to a DataLoader's main
-    process, say): its columns as lists, no mapping."""
-
-    __slots__ = ("_cache_id", "_data", "_metadata", "_rows", "_sample_id", "_snapshots")
-
-    def __init__(
-        self,
-        rows: list[int],
-        cache_id: list[int],
-        sample_id: list[int],
-        data: list,
-        snapshots: list[int] | None,
-        metadata: bytes,
-    ):
-        self._rows, self._cache_id, self._sample_id, self._data = rows, cache_id, sample_id, data
-        self._snapshots = snapshots
-        self._metadata = metadata
-
-    def metadata(self) -> pl.DataFrame:
-        # unpickled in the process that receives the batch (a DataLoader's
-        # main process), whose polars thread pool is its own
-        return pl.read_ipc_stream(io.BytesIO(self._metadata))
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def rows(self) -> list[int]:
-        return self._rows
-
-    def cache_id(self) -> list[int]:
-        return self._cache_id
-
-    def sample_id(self) -> list[int]:
-        return self._sample_id
-
-    def snapshots(self) -> list[int] | None:
-        return self._snapshots
-
-    def data(self) -> list[bytes]:
-        return self._data
-
-    def views(self) -> list[memoryview]:
-        return [memoryview(d) for d in self._data]
-
-    # what datasetrt.records asks of a native batch, done in Python
-
-    def payload_head(self, row: int, n: int) -> tuple[bytes, int]:
-        return self._data[row][:n], len(self._data[row])
-
-    def first_unlike(self, header: bytes, end: int) -> int | None:
-        for row, data in enumerate(self._data):
-            if len(data) < end or not data.startswith(header):
-                return row
-        return None
-
-    def gather_into(
-        self,
-        header: bytes,
-        start: int,
-        length: int,
-        address: int,
-        capacity: int,
-        fresh: bool = False,
-    ) -> int | None:
-        unlike = self.first_unlike(header, start + length)
-        if unlike is not None:
-            return unlike
-        if not fresh and not _writable(address, capacity):
-            raise InvalidInputError(
-                "out= is not writable memory (a tensor or array over a read-only buffer?)"
-            )
-        target = (ctypes.c_char * capacity).from_address(address)
-        for row, data in enumerate(self._data):
-            target[row * length : (row + 1) * length] = data[start : start + length]
-        return None
-
-    def run(self) -> None:
-        return None  # no mapping travels with a pickled batch
-
-    def to_arrow(self) -> pl.DataFrame:
-        return pl.DataFrame(
-            {
-                "row": pl.Series(self._rows, dtype=pl.UInt64),
-                "cache_id": pl.Series(self._cache_id, dtype=pl.Int64),
-                "sample_id": pl.Series(self._sample_id, dtype=pl.Int64),
-                "data": pl.Series(self._data, dtype=pl.Binary),
-            }
-        )
-
-
-def _unpickle_batch(rows, cache_id, sample_id, data, metadata, draws, epoch, snapshots) -> Batch:
-    batch = Batch(_Lists(rows, cache_id, sample_id, data, snapshots, metadata), epoch)
-    batch._draws = draws
-    return batch
+def _unpickle_batch(batch: bytes, metadata: bytes, epoch: int | None) -> Batch:
+    return Batch(_native.Batch.from_ipc(batch, metadata), epoch)
 
 
 class Batch(HtmlRepr):
@@ -287,20 +190,10 @@ class Batch(HtmlRepr):
         return len(self._native) > 0 and records.is_typed(self._native.payload_head(0, 8)[0])
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # the lists and the rows' metadata (Arrow IPC, made by the engine:
-        # no polars in a worker) travel; the mapping does not (``to_arrow``
-        # then gives a polars DataFrame of row, identity and data)
-        columns = (
-            self.rows,
-            self.cache_id,
-            self.sample_id,
-            self.data,
-            self._native.metadata_ipc(),
-            self.draws,
-            self._epoch,
-            self._native.snapshots(),
-        )
-        return _unpickle_batch, columns
+        # the engine's record batch and the rows' metadata as Arrow IPC
+        # (made natively: no polars in a worker); unpickled, a native batch
+        # again, whose payloads are its own bytes (no shard travels)
+        return _unpickle_batch, (*self._native.to_ipc(), self._epoch)
 
     @property
     def rows(self) -> list[int]:
@@ -325,8 +218,6 @@ class Batch(HtmlRepr):
         """The global draw positions of the rows: draw ``k`` of the epoch's one
         sequence (over all ranks and workers), the key a score log needs."""
         if self._draws is None:
-            if isinstance(self._native, _Lists):
-                raise AttributeError("this batch was pickled without its draw positions")
             self._draws = self._native.draws()
         return self._draws
 
@@ -366,11 +257,7 @@ class Batch(HtmlRepr):
     def metadata(self) -> pl.DataFrame:
         """The rows' metadata, one row per sample in batch order."""
         if self._metadata is None:
-            native = self._native
-            if isinstance(native, _Lists):
-                self._metadata = native.metadata()
-            else:
-                self._metadata = pl.DataFrame(native.metadata())
+            self._metadata = pl.DataFrame(self._native.metadata())
         return self._metadata
 
     def __iter__(self) -> Iterator[Sample]:
@@ -436,22 +323,6 @@ class Loader(HtmlRepr):
     def metrics(self) -> str:
         """The plan with its metrics so far: rows, payload bytes, read time."""
         return self._native.metrics()
-
-
-def _writable(address: int, length: int) -> bool:
-    """Whether the first and last byte at `address` can be written, asked
-    of the kernel (a read of /dev/zero there fails, not crashes, if not), as
-    the native batch asks."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    try:
-        fd = os.open("/dev/zero", os.O_RDONLY)
-    except OSError:
-        return True  # nothing to ask: as the native batch does
-    try:
-        ends = (address, address + length - 1)
-        return all(libc.read(fd, ctypes.c_void_p(at), 1) == 1 for at in ends)
-    finally:
-        os.close(fd)
 
 
 def _label(native: Any, row: int) -> str:

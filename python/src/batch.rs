@@ -81,13 +81,24 @@ impl ShardMaps {
     }
 }
 
+/// Where a batch's metadata rows come from.
+pub enum Rows {
+    /// The snapshots the rows were drawn from: a batch a loader made,
+    /// gathered when asked.
+    Drawn(Arc<BatchMetadata>),
+    /// The rows themselves: a batch unpickled in another process, which
+    /// has no dataset.
+    Carried(RecordBatch),
+}
+
 #[pyclass(frozen, module = "datasetrt._native", name = "Batch")]
 pub struct PyBatch {
     pub batch: RecordBatch,
-    pub caches: CacheSet,
+    /// The caches the payloads were read from; `None` for a batch
+    /// unpickled from Arrow IPC (its payloads are its own bytes).
+    pub caches: Option<CacheSet>,
     pub maps: Arc<ShardMaps>,
-    /// The snapshots the rows were drawn from (the batch's metadata).
-    pub metadata: Arc<BatchMetadata>,
+    pub metadata: Rows,
 }
 
 /// Positions of the loader batch's columns.
@@ -119,9 +130,13 @@ impl PyBatch {
 
     /// The rows' metadata, gathered without the GIL.
     fn gather_metadata(&self, py: Python<'_>) -> PyResult<RecordBatch> {
+        let drawn = match &self.metadata {
+            Rows::Drawn(drawn) => drawn,
+            Rows::Carried(rows) => return Ok(rows.clone()),
+        };
         let column = |k: usize| self.batch.column(k).as_primitive::<UInt64Type>().values();
         let (snapshots, rows) = (column(SNAPSHOT), column(ROW));
-        crate::runtime::detach(py, || self.metadata.rows(snapshots, rows))?.py()
+        crate::runtime::detach(py, || drawn.rows(snapshots, rows))?.py()
     }
 
     /// A memoryview over the whole shard file that `buffer` (the buffer of
@@ -133,14 +148,62 @@ impl PyBatch {
         row: usize,
         buffer: &Buffer,
     ) -> PyResult<ShardView<'py>> {
+        let Some(caches) = &self.caches else {
+            return Ok(None);
+        };
         let (cache_id, sample_id) = (self.ids(CACHE_ID)[row], self.ids(SAMPLE_ID)[row]);
-        let cache = &self.caches[self.caches.position(cache_id).py()?];
+        let cache = &caches[caches.position(cache_id).py()?];
         let entry = cache.entry(sample_id as u64).py()?;
         let Some((path, len)) = cache.shard_file(entry.shard, buffer) else {
             return Ok(None);
         };
         Ok(self.maps.get(py, path, len)?.map(|m| (m, len)))
     }
+}
+
+/// `batch` as the bytes of an Arrow IPC stream.
+fn ipc_stream(batch: &RecordBatch) -> datasetrt::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut out, &batch.schema())?;
+    writer.write(batch)?;
+    writer.finish()?;
+    drop(writer);
+    Ok(out)
+}
+
+/// The one record batch of an Arrow IPC stream (its batches as one).
+fn read_ipc_stream(bytes: &[u8]) -> datasetrt::Result<RecordBatch> {
+    let bad = |e: arrow::error::ArrowError| {
+        datasetrt::Error::invalid(format!("not a pickled batch's Arrow IPC stream: {e}"))
+    };
+    let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
+        .map_err(bad)?;
+    let schema = reader.schema();
+    let batches = reader.collect::<Result<Vec<_>, _>>().map_err(bad)?;
+    arrow::compute::concat_batches(&schema, &batches).map_err(bad)
+}
+
+/// That `batch` has the loader batch's columns, in order and type (the
+/// column accessors rely on them), and `rows` one metadata row per row.
+fn check_loader_batch(batch: &RecordBatch, rows: &RecordBatch) -> datasetrt::Result<()> {
+    use arrow::datatypes::DataType::{BinaryView, Int64, UInt64};
+    let want = [UInt64, UInt64, Int64, Int64, UInt64, BinaryView];
+    let schema = batch.schema();
+    let got: Vec<&arrow::datatypes::DataType> =
+        schema.fields().iter().map(|f| f.data_type()).collect();
+    if got != want.iter().collect::<Vec<_>>() || batch.column(DATA).null_count() > 0 {
+        return Err(datasetrt::Error::invalid(format!(
+            "not a pickled batch: its columns are {got:?}"
+        )));
+    }
+    if rows.num_rows() != batch.num_rows() {
+        return Err(datasetrt::Error::invalid(format!(
+            "not a pickled batch: {} metadata rows for {} rows",
+            rows.num_rows(),
+            batch.num_rows()
+        )));
+    }
+    Ok(())
 }
 
 /// Whether the first and last of the `len` bytes at `address` can be
@@ -377,20 +440,38 @@ impl PyBatch {
         PyTable::try_new(vec![rows.clone()], rows.schema())
     }
 
-    /// [`Self::metadata`] as the bytes of an Arrow IPC stream: what a
-    /// pickled batch carries.
-    fn metadata_ipc<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+    /// The batch and its metadata rows as two Arrow IPC streams: what a
+    /// pickled batch carries (as polars pickles a DataFrame). Only the
+    /// payloads' own bytes are copied, not the shards they view.
+    fn to_ipc<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
         let rows = self.gather_metadata(py)?;
-        let bytes = crate::runtime::detach(py, || -> datasetrt::Result<Vec<u8>> {
-            let mut out = Vec::new();
-            let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut out, &rows.schema())?;
-            writer.write(&rows)?;
-            writer.finish()?;
-            drop(writer);
-            Ok(out)
+        let batch = &self.batch;
+        let (batch, rows) = crate::runtime::detach(py, || -> datasetrt::Result<_> {
+            let mut columns = batch.columns().to_vec();
+            columns[DATA] = Arc::new(batch.column(DATA).as_binary_view().gc());
+            let compact = RecordBatch::try_new(batch.schema(), columns)?;
+            Ok((ipc_stream(&compact)?, ipc_stream(&rows)?))
         })?
         .py()?;
-        Ok(PyBytes::new(py, &bytes))
+        Ok((PyBytes::new(py, &batch), PyBytes::new(py, &rows)))
+    }
+
+    /// A batch from the two streams of [`Self::to_ipc`]: a native batch
+    /// again, whose payloads are its own bytes (no shard is mapped).
+    #[staticmethod]
+    fn from_ipc(py: Python<'_>, batch: &[u8], metadata: &[u8]) -> PyResult<PyBatch> {
+        let (batch, rows) = crate::runtime::detach(py, || -> datasetrt::Result<_> {
+            let (batch, rows) = (read_ipc_stream(batch)?, read_ipc_stream(metadata)?);
+            check_loader_batch(&batch, &rows)?;
+            Ok((batch, rows))
+        })?
+        .py()?;
+        Ok(PyBatch {
+            batch,
+            caches: None,
+            maps: Arc::default(),
+            metadata: Rows::Carried(rows),
+        })
     }
 
     /// The batch as an Arrow record batch (`draw`, `row`, `cache_id`,

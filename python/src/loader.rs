@@ -10,7 +10,7 @@ use datasetrt::Unpoison;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::batch::{PyBatch, ShardMaps};
+use crate::batch::{PyBatch, Rows, ShardMaps};
 use crate::draws::PyDrawPlan;
 use crate::error::IntoPyResult;
 use crate::runtime::runtime;
@@ -69,9 +69,9 @@ impl PyLoader {
         // shards (raw records) and the decoded buffers, not the budget
         Ok(Some(PyBatch {
             batch: loaded.batch.clone(),
-            caches: self.caches.clone(),
+            caches: Some(self.caches.clone()),
             maps: self.maps.clone(),
-            metadata: self.metadata.clone(),
+            metadata: Rows::Drawn(self.metadata.clone()),
         }))
     }
 

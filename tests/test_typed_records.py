@@ -286,7 +286,8 @@ def test_a_header_that_encode_never_writes_is_corrupt_not_a_crash(tmp_path):
     record and declares an object field (numpy would read its bytes as
     pointers) is CorruptCacheError, in a copy and in a view alike."""
     entry = struct.pack("<B1sB2sB", 1, b"x", 2, b"|O", 1) + struct.pack("<Q", 2)
-    head = records._FIXED.pack(records.MAGIC, 1, 64, 1) + entry + struct.pack("<QQ", 64, 16)
+    fixed = struct.pack("<8sIIH", records.MAGIC, 1, 64, 1)  # magic, version, H, fields
+    head = fixed + entry + struct.pack("<QQ", 64, 16)
     record = head.ljust(64, b"\0") + struct.pack("<QQ", 0x4141414141414141, 0x10)
 
     class Raw:

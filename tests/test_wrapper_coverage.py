@@ -87,7 +87,8 @@ INTERNAL: dict[tuple[str, str], str] = {
     ("Dataset", "prepare_draws"): (
         "TorchDataset makes the head's alias tables with it before a DataLoader forks"
     ),
-    ("Batch", "payload_head"): "records.Reader reads a typed record's header with it",
+    ("Batch", "payload_head"): "Batch.typed reads the first bytes of row 0 with it",
+    ("Batch", "payload_layout"): "records.Reader reads a row's typed-record layout with it",
     ("Batch", "first_unlike"): (
         "records.Reader checks that every record of a batch has one header with it"
     ),

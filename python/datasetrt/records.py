@@ -24,15 +24,19 @@ order, stored with ``codec="none"``) the array is a read-only view of the
 shard instead, with no copy at all. A record's bytes are checked against
 their CRC-32C when read, like every record; a header that still does not
 parse is a :class:`CorruptCacheError`.
+
+The engine owns the format (``engine/src/store/records.rs``): it encodes a
+record from its fields' bytes, parses headers and copies a field of every
+row; this module checks a source's values against its fields and hands the
+bytes to numpy and torch.
 """
 
 from __future__ import annotations
 
 import functools
-import struct
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,10 +45,8 @@ import numpy as np
 from . import _native
 from .exceptions import CorruptCacheError, InvalidInputError
 
-MAGIC = b"DRTTYPED"
-VERSION = 1
-ALIGN = 64
-_FIXED = struct.Struct("<8sIIH")  # magic, version, header length, field count
+MAGIC: bytes = _native.TYPED_MAGIC
+ALIGN: int = _native.TYPED_ALIGN
 # names a torch batch dict already uses for the rows' identities
 RESERVED = frozenset({"data", "cache_id", "sample_id", "draw", "epoch"})
 
@@ -146,13 +148,9 @@ def check_name(name: Any, where: str) -> None:
         raise InvalidInputError(f"{where}: field name {name!r} is not valid text") from None
 
 
-def _align(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
-
-
 def encode(values: Any, fields: Mapping[str, Field], where: str) -> bytes:
     """One record's bytes: `values` (name -> array or number) checked
-    against `fields` (every name, dtype and shape), behind its header."""
+    against `fields` (every name, dtype and shape), encoded by the engine."""
     if not isinstance(values, Mapping):
         raise InvalidInputError(f"{where}: data is {type(values).__name__}; this source is typed")
     if values.keys() != fields.keys():
@@ -164,38 +162,15 @@ def encode(values: Any, fields: Mapping[str, Field], where: str) -> bytes:
             f"{where}: fields {sorted(values)} do not match the source's {list(fields)}"
             f" (missing {missing}, unexpected {extra})"
         )
-    arrays = [
-        (name, field.dtype, _field_array(values[name], name, field, where))
-        for name, field in fields.items()
-    ]
-    head = bytearray()
-    entries = []
-    for name, dtype, array in arrays:
-        encoded, code = name.encode(), dtype.str.encode()
-        entries.append(
-            struct.pack(
-                f"<B{len(encoded)}sB{len(code)}sB",
-                len(encoded),
-                encoded,
-                len(code),
-                code,
-                array.ndim,
-            )
-            + struct.pack(f"<{array.ndim}Q", *array.shape)
-        )
-    fixed_len = _FIXED.size + sum(len(e) + 16 for e in entries)
-    offset = length = _align(fixed_len)
-    placed = []
-    for (_, _, array), entry in zip(arrays, entries, strict=True):
-        head += entry + struct.pack("<QQ", offset, array.nbytes)
-        placed.append((offset, array))
-        offset = _align(offset + array.nbytes)
-    out = bytearray(offset if placed else length)
-    out[: _FIXED.size] = _FIXED.pack(MAGIC, VERSION, length, len(arrays))
-    out[_FIXED.size : fixed_len] = head
-    for at, array in placed:
-        out[at : at + array.nbytes] = np.ascontiguousarray(array).tobytes()
-    return bytes(out)
+    parts = []
+    for name, field in fields.items():
+        array = _field_array(values[name], name, field, where)
+        data = np.ascontiguousarray(array).tobytes()
+        parts.append((name, field.dtype.str, list(array.shape), data))
+    try:
+        return _native.encode_record(parts)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{where}: {exc}") from None
 
 
 def _field_array(value: Any, name: str, field: Field, where: str) -> np.ndarray:
@@ -246,64 +221,28 @@ def parse(payload: Any, what: str, length: int | None = None) -> Layout:
     """The layout of one typed record (`what` names it in errors) from its
     bytes, or from its first bytes (its header at least) and its `length`."""
     view = memoryview(payload).cast("B")
-    length_ = len(view) if length is None else length
-    if bytes(view[:8]) != MAGIC:
+    try:
+        parsed = _native.parse_record(bytes(view), len(view) if length is None else length)
+    except InvalidInputError as exc:
+        raise CorruptCacheError(f"{what}: damaged typed-record header: {exc}") from None
+    if parsed is None:
         raise InvalidInputError(
             f"{what} is not a typed record (its cache was built from bytes; read "
             f"batch.data or batch.views)"
         )
-
-    def bad(detail: str) -> CorruptCacheError:
-        return CorruptCacheError(f"{what}: damaged typed-record header: {detail}")
-
-    if len(view) < _FIXED.size:
-        raise bad("shorter than its fixed part")
-    _, version, length, count = _FIXED.unpack_from(view)
-    if version != VERSION:
-        raise bad(f"version {version}, this DatasetRT reads {VERSION}")
-    if length > length_ or length % ALIGN or length < _FIXED.size:
-        raise bad(f"header length {length} (record is {length_} bytes)")
-    if length > len(view):
-        raise bad(f"header length {length}, {len(view)} bytes given")
-    at, fields = _FIXED.size, {}
-    try:
-        for _ in range(count):
-            name, entry, at = _parse_field(view, at, length, length_, bad)
-            fields[name] = entry
-    except (struct.error, UnicodeDecodeError, TypeError, ValueError) as exc:
-        raise bad(str(exc)) from None
-    return Layout(fields, bytes(view[:length]))
+    header_len, fields = parsed
+    return _layout(bytes(view[:header_len]), fields)
 
 
-def _parse_field(
-    view: memoryview, at: int, length: int, length_: int, bad: Callable[[str], Exception]
-) -> tuple[str, tuple[Any, tuple[int, ...], int, int], int]:
-    """The header entry at `at` of a typed record (its header `length`
-    bytes, the record `length_`): the field's name, its (dtype, shape,
-    offset, length), and where the next entry starts. `bad` makes the
-    error of a damaged header."""
-    (n,) = struct.unpack_from("<B", view, at)
-    name = bytes(view[at + 1 : at + 1 + n]).decode()
-    at += 1 + n
-    (n,) = struct.unpack_from("<B", view, at)
-    dtype = np.dtype(bytes(view[at + 1 : at + 1 + n]).decode())
-    if not _plain(dtype) or dtype.str[0] not in "<|":
-        # what encode never writes: an object dtype would make numpy
-        # read the record's bytes as pointers
-        raise bad(f"field {name!r} has dtype {dtype.str!r}, not a little-endian number")
-    at += 1 + n
-    (ndim,) = struct.unpack_from("<B", view, at)
-    shape = struct.unpack_from(f"<{ndim}Q", view, at + 1)
-    offset, nbytes = struct.unpack_from("<QQ", view, at + 1 + 8 * ndim)
-    at += 1 + 8 * ndim + 16
-    if at > length or offset + nbytes > length_ or offset < length:
-        raise bad(f"field {name!r} lies outside the record")
-    size = dtype.itemsize
-    for dim in shape:
-        size *= dim
-    if size != nbytes:
-        raise bad(f"field {name!r}: {nbytes} bytes for {dtype}{list(shape)}")
-    return name, (dtype, tuple(shape), offset, nbytes), at
+def _layout(header: bytes, fields: list[tuple[str, str, list[int], int, int]]) -> Layout:
+    """A Layout of the engine's fields, numpy dtypes made once per header."""
+    known = _LAYOUTS.get(header)
+    if known is not None:
+        return known
+    out = {n: (np.dtype(d), tuple(s), o, b) for n, d, s, o, b in fields}
+    layout = Layout(out, header)
+    _remember(layout)
+    return layout
 
 
 #: Layouts parsed before, by their header's bytes: every record of a cache
@@ -313,18 +252,8 @@ _LAYOUTS: dict[bytes, Layout] = {}
 #: The layout of the last batch read (in a list: one reference, replaced
 #: whole): a batch of the same cache is checked against its header first.
 _LAST: list[Layout | None] = [None]
-#: Bytes of a row read for its header at first: a header of a few fields
-#: is all there (one call), a longer one is read again whole.
-_HEAD = 256
 _LAYOUTS_KEPT = 256
 _LAYOUTS_LOCK = threading.Lock()
-
-
-def _parsed(header: bytes, length: int) -> Layout | None:
-    """The layout of `header` if parsed before, and the record (`length`
-    bytes) holds every field it places."""
-    layout = _LAYOUTS.get(header)
-    return layout if layout is not None and layout.end <= length else None
 
 
 def _remember(layout: Layout) -> None:
@@ -343,9 +272,8 @@ def field_array(buffer: Any, field: tuple[Any, tuple[int, ...], int, int]) -> np
 
 class Reader:
     """The typed fields of one loader batch (what ``Batch.tensor`` and
-    friends use): `native` is the batch's ``_native.Batch``, or a pickled
-    batch's lists, which answer the same calls; `label` names a row in
-    errors."""
+    friends use): `native` is the batch's ``_native.Batch``; `label` names
+    a row in errors."""
 
     def __init__(self, native: Any, label: Any):
         self._native: _native.Batch = native
@@ -373,17 +301,18 @@ class Reader:
             # native pass over the rows, no header read or parsed
             self._layout = last
             return last
-        head, size = self._native.payload_head(row, _HEAD)
-        if len(head) >= _FIXED.size and head[:8] == MAGIC:
-            length = max(_FIXED.unpack_from(head)[2], _FIXED.size)
-            if length <= len(head):
-                head = head[:length]
-            elif size > len(head):  # a header of many fields: read it whole
-                head, size = self._native.payload_head(row, length)
-        layout = _parsed(head, size)
-        if layout is None:
-            layout = parse(head, self.label(row), size)
-            _remember(layout)
+        try:
+            parsed = self._native.payload_layout(row)
+        except InvalidInputError as exc:
+            raise CorruptCacheError(
+                f"{self.label(row)}: damaged typed-record header: {exc}"
+            ) from None
+        if parsed is None:
+            raise InvalidInputError(
+                f"{self.label(row)} is not a typed record (its cache was built from bytes; "
+                f"read batch.data or batch.views)"
+            )
+        layout = _layout(*parsed)
         if row == 0:
             self._layout = _LAST[0] = layout
         return layout

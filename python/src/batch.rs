@@ -15,11 +15,11 @@ use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{Array, AsArray, BinaryViewArray, ByteView, RecordBatch, MAX_INLINE_VIEW_LEN};
+use arrow::array::{Array, AsArray, ByteView, RecordBatch, MAX_INLINE_VIEW_LEN};
 use arrow::buffer::Buffer;
 use arrow::datatypes::{Int64Type, UInt64Type};
 use datasetrt::load::BatchMetadata;
-use datasetrt::store::CacheSet;
+use datasetrt::store::{records, CacheSet};
 use datasetrt::Unpoison;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyMemoryView, PySlice};
@@ -222,15 +222,6 @@ fn writable(address: usize, len: usize) -> bool {
     })
 }
 
-/// Copy bytes `start..start + len` of each row of `data` into `out`, row
-/// after row. On one thread: a second one costs more to wake (14 µs
-/// through the runtime's pool, measured) than it saves below a few MiB.
-fn gather(data: &BinaryViewArray, start: usize, len: usize, out: &mut [u8]) {
-    for (i, dst) in out.chunks_exact_mut(len).enumerate() {
-        dst.copy_from_slice(&data.value(i)[start..start + len]);
-    }
-}
-
 #[pymethods]
 impl PyBatch {
     fn __len__(&self) -> usize {
@@ -340,11 +331,29 @@ impl PyBatch {
     /// shorter than `end` bytes; `None` when every row's does and is (the
     /// check of a typed field: rows alike share row 0's header).
     fn first_unlike(&self, header: &[u8], end: usize) -> Option<usize> {
+        records::first_unlike(self.batch.column(DATA).as_binary_view(), header, end)
+    }
+
+    /// Row `row`'s typed-record layout, its header read whole however long:
+    /// (header bytes, fields as (name, dtype code, shape, offset, length));
+    /// `None` when the row is not a typed record; `InvalidInputError`
+    /// saying what is wrong with a damaged header.
+    #[allow(clippy::type_complexity)]
+    fn payload_layout<'py>(
+        &self,
+        py: Python<'py>,
+        row: usize,
+    ) -> PyResult<Option<(Bound<'py, PyBytes>, Vec<crate::records::FieldTuple>)>> {
         let data = self.batch.column(DATA).as_binary_view();
-        (0..data.len()).find(|&i| {
-            let value = data.value(i);
-            value.len() < end || !value.starts_with(header)
-        })
+        if row >= data.len() {
+            return Err(pyo3::exceptions::PyIndexError::new_err(format!(
+                "row {row} of a batch of {}",
+                data.len()
+            )));
+        }
+        let value = data.value(row);
+        let parsed = crate::records::layout_or_none(records::parse(value, value.len() as u64))?;
+        Ok(parsed.map(|(header_len, fields)| (PyBytes::new(py, &value[..header_len]), fields)))
     }
 
     /// When every row is alike ([`Self::first_unlike`] of `header` and
@@ -394,7 +403,7 @@ impl PyBatch {
             // alive for this call; every row's range lies in its payload
             // (checked above).
             let out = unsafe { std::slice::from_raw_parts_mut(address as *mut u8, capacity) };
-            gather(data, start, len, out);
+            records::gather(data, start, len, out);
         })?;
         Ok(None)
     }

@@ -16,6 +16,7 @@ mod error;
 mod ffi;
 mod imports;
 mod loader;
+mod records;
 mod remote;
 mod runtime;
 mod scores;
@@ -113,6 +114,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<worker::PyWorker>()?;
     m.add("RESERVED_COLUMNS", datasetrt::store::RESERVED_COLUMNS)?;
     m.add("PAYLOAD_COLUMNS", datasetrt::store::PAYLOAD_COLUMNS)?;
+    m.add(
+        "TYPED_MAGIC",
+        pyo3::types::PyBytes::new(m.py(), datasetrt::store::records::MAGIC),
+    )?;
+    m.add("TYPED_ALIGN", datasetrt::store::records::ALIGN)?;
+    m.add_function(wrap_pyfunction!(records::encode_record, m)?)?;
+    m.add_function(wrap_pyfunction!(records::parse_record, m)?)?;
     m.add_function(wrap_pyfunction!(check_source_name, m)?)?;
     m.add_function(wrap_pyfunction!(check_run, m)?)?;
     m.add_function(wrap_pyfunction!(check_column_name, m)?)?;

@@ -12,6 +12,9 @@
 //! staging name in the same root, fsynced and renamed into place, so a crash
 //! leaves either the whole cache or nothing visible.
 //!
+//! A payload may be a typed record (named arrays behind a header): its
+//! format, encoding, parsing and the gather of a field, is [`records`].
+//!
 //! What the processes of one host share beside the caches (records of the
 //! files checked, download counters) is in [`host`].
 
@@ -24,6 +27,7 @@ pub mod host;
 pub mod ipc;
 pub mod manifest;
 mod reader;
+pub mod records;
 pub mod remote;
 mod set;
 pub mod take;

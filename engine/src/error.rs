@@ -161,7 +161,11 @@ impl From<ArrowError> for Error {
         match err {
             ArrowError::ExternalError(inner) => match inner.downcast::<Error>() {
                 Ok(ours) => *ours,
-                Err(other) => Error::Arrow(ArrowError::ExternalError(other)),
+                // a plan's error carried through an Arrow stream
+                Err(other) => match other.downcast::<DataFusionError>() {
+                    Ok(datafusion) => Error::from(*datafusion),
+                    Err(other) => Error::Arrow(ArrowError::ExternalError(other)),
+                },
             },
             other => Error::Arrow(other),
         }
@@ -210,9 +214,9 @@ impl From<DataFusionError> for Error {
             // ours when this is the last holder, else DataFusion's
             DataFusionError::Shared(inner) => match std::sync::Arc::try_unwrap(inner) {
                 Ok(owned) => Error::from(owned),
-                Err(shared) => match (shared.as_ref(), ours_within(&shared)) {
-                    (_, Some(ours)) => ours.duplicate(),
-                    (DataFusionError::ResourcesExhausted(msg), None) => {
+                Err(shared) => match (ours_within(&shared), exhausted_within(&shared)) {
+                    (Some(ours), _) => ours.duplicate(),
+                    (None, Some(msg)) => {
                         Error::from(DataFusionError::ResourcesExhausted(msg.clone()))
                     }
                     _ => Error::DataFusion(DataFusionError::Shared(shared)),
@@ -253,6 +257,18 @@ fn ours_within(err: &DataFusionError) -> Option<&Error> {
         },
         DataFusionError::Context(_, inner) => ours_within(inner),
         DataFusionError::Shared(inner) => ours_within(inner),
+        _ => None,
+    }
+}
+
+/// The message of a memory refusal inside a DataFusion error still held
+/// elsewhere (a sort's "Not enough memory to continue external sort" is
+/// one in a context), so it gets the same hint as one held alone.
+fn exhausted_within(err: &DataFusionError) -> Option<&String> {
+    match err {
+        DataFusionError::ResourcesExhausted(msg) => Some(msg),
+        DataFusionError::Context(_, inner) => exhausted_within(inner),
+        DataFusionError::Shared(inner) => exhausted_within(inner),
         _ => None,
     }
 }
@@ -373,5 +389,12 @@ mod tests {
         }
         let last = Error::from(DataFusionError::Shared(other_holder));
         assert!(matches!(last, Error::InvalidInput { .. }), "{last}");
+        // a sort's memory refusal, in a context and shared: the hint still
+        let sort = DataFusionError::ResourcesExhausted("no room".into())
+            .context("Not enough memory to continue external sort");
+        let shared = std::sync::Arc::new(sort);
+        let _other = std::sync::Arc::clone(&shared);
+        let text = Error::from(DataFusionError::Shared(shared)).to_string();
+        assert!(text.contains("DATASETRT_MEMORY_LIMIT"), "{text}");
     }
 }

@@ -47,12 +47,17 @@ impl ColumnRange {
     }
 
     /// The manifest text: `i <min> <max>`, `u ...` or `f ...` (floats in
-    /// Rust's shortest exact form, `NaN` and `inf` included).
+    /// Rust's shortest exact form, `NaN` and `inf` included, and `-NaN` for
+    /// a NaN with its sign bit set, the least float in Arrow's order).
     pub fn text(&self) -> String {
+        let float = |v: f64| match v.is_nan() && v.is_sign_negative() {
+            true => "-NaN".to_string(),
+            false => format!("{v:?}"),
+        };
         match self {
             ColumnRange::Int(a, b) => format!("i {a} {b}"),
             ColumnRange::UInt(a, b) => format!("u {a} {b}"),
-            ColumnRange::Float(a, b) => format!("f {a:?} {b:?}"),
+            ColumnRange::Float(a, b) => format!("f {} {}", float(*a), float(*b)),
         }
     }
 
@@ -65,7 +70,19 @@ impl ColumnRange {
         let range = match kind {
             "i" => ColumnRange::Int(a.parse().ok()?, b.parse().ok()?),
             "u" => ColumnRange::UInt(a.parse().ok()?, b.parse().ok()?),
-            "f" => ColumnRange::Float(a.parse().ok()?, b.parse().ok()?),
+            "f" => {
+                let float = |t: &str| match t {
+                    "-NaN" => Some(-f64::NAN),
+                    t => t.parse().ok(),
+                };
+                let (a, b) = (float(a)?, float(b)?);
+                // a NaN end prunes nothing (`arrays`); written before `-NaN`
+                // was, a negative NaN's least end reads `NaN`: still a range
+                if a.is_nan() || b.is_nan() {
+                    return Some(ColumnRange::Float(a, b));
+                }
+                ColumnRange::Float(a, b)
+            }
             _ => return None,
         };
         range.ordered().then_some(range)
@@ -160,9 +177,18 @@ mod tests {
             let back = ColumnRange::parse(&range.text()).unwrap();
             assert_eq!(back.text(), range.text());
         }
-        for bad in ["i 5 4", "f NaN 1.0", "x 1 2", "i 1", "i 1 2 3", "u -1 2"] {
+        for bad in ["i 5 4", "f 2.0 1.0", "x 1 2", "i 1", "i 1 2 3", "u -1 2"] {
             assert_eq!(ColumnRange::parse(bad), None, "{bad}");
         }
+        // a negative NaN, the least float, keeps its sign in the text
+        let negative = ColumnRange::of(&Float64Array::from(vec![-f64::NAN, 1.0])).unwrap();
+        assert_eq!(negative.text(), "f -NaN 1.0");
+        let Some(ColumnRange::Float(a, _)) = ColumnRange::parse(&negative.text()) else {
+            panic!("a float range")
+        };
+        assert!(a.is_nan() && a.is_sign_negative());
+        // as the text of one read before `-NaN` was written: a range still
+        assert!(ColumnRange::parse("f NaN 1.0").is_some());
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! requirements"), so these were queries the engine refused, never wrong
 //! rows:
 //!
-//! * [`SortKeysAsColumns`]: a sort by an expression (`ORDER BY sqrt(w)`)
-//!   sorts by a column computed just below it. DataFusion asks each function
+//! * [`SortKeysAsColumns`]: a sort by an expression (`ORDER BY sqrt(w)`,
+//!   also a window's `OVER (ORDER BY sqrt(w))`) sorts by a column computed
+//!   just below it. DataFusion asks each function
 //!   in a sort key how it orders its input; `sqrt`, `ln` and `abs` over an
 //!   input whose range it cannot bound answer with an error, the analysis
 //!   gives up, and a merge of sorted partitions above the sort sees no
@@ -23,7 +24,7 @@ use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema};
 use datafusion::error::Result as DfResult;
-use datafusion::logical_expr::{Expr, LogicalPlan, Projection, Sort, SortExpr};
+use datafusion::logical_expr::{Expr, LogicalPlan, Projection, Sort, SortExpr, Window};
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 use datafusion::physical_expr::LexOrdering;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -33,25 +34,111 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 /// Last among the logical rules: `Sort [f(a)]` becomes
 /// `Projection [input] ← Sort [k] ← Projection [input, f(a) AS k]`, the
-/// same rows in the same order with the same columns.
+/// same rows in the same order with the same columns; a window's computed
+/// `PARTITION BY` and `ORDER BY` keys become columns so too.
 #[derive(Debug, Default)]
 pub struct SortKeysAsColumns;
 
-/// A name for sort key `i` that no column of `schema` has.
-fn key_name(schema: &DFSchema, i: usize) -> String {
+/// A name for key `i` of a sort (`kind` "sort") or a window ("window")
+/// that no column of `schema` has.
+fn key_name(schema: &DFSchema, kind: &str, i: usize) -> String {
     (0..)
         .map(|n| match n {
-            0 => format!("__drt_sort_key_{i}"),
-            n => format!("__drt_sort_key_{i}_{n}"),
+            0 => format!("__drt_{kind}_key_{i}"),
+            n => format!("__drt_{kind}_key_{i}_{n}"),
         })
         .find(|name| !schema.fields().iter().any(|f| f.name() == name))
         .unwrap_or_default()
 }
 
+/// The keys a window's `PARTITION BY` and `ORDER BY` compute, as columns
+/// of a projection below it: the column each becomes, and the projection's
+/// new expressions.
+struct WindowKeys<'a> {
+    schema: &'a DFSchema,
+    computed: Vec<(Expr, String)>,
+}
+
+impl WindowKeys<'_> {
+    fn column(&mut self, expr: Expr) -> Expr {
+        if matches!(expr, Expr::Column(_)) {
+            return expr;
+        }
+        let name = match self.computed.iter().find(|(e, _)| *e == expr) {
+            Some((_, name)) => name.clone(),
+            None => {
+                let name = key_name(self.schema, "window", self.computed.len());
+                self.computed.push((expr, name.clone()));
+                name
+            }
+        };
+        Expr::Column(Column::from_name(name))
+    }
+
+    /// `expr` (a window function, maybe aliased) with its keys as columns.
+    fn rewrite(&mut self, expr: Expr) -> DfResult<Transformed<Expr>> {
+        expr.transform_up(|e| {
+            let Expr::WindowFunction(mut f) = e else {
+                return Ok(Transformed::no(e));
+            };
+            let params = &mut f.params;
+            params.partition_by = std::mem::take(&mut params.partition_by)
+                .into_iter()
+                .map(|p| self.column(p))
+                .collect();
+            params.order_by = std::mem::take(&mut params.order_by)
+                .into_iter()
+                .map(|s| SortExpr::new(self.column(s.expr), s.asc, s.nulls_first))
+                .collect();
+            Ok(Transformed::yes(Expr::WindowFunction(f)))
+        })
+    }
+}
+
+/// A window whose `PARTITION BY` or `ORDER BY` computes (`OVER (ORDER BY
+/// sqrt(w))`) reads those keys as columns of a projection below it, and a
+/// projection above gives its outputs their names again.
+fn window_node(window: Window) -> DfResult<Transformed<LogicalPlan>> {
+    let schema = Arc::clone(window.input.schema());
+    let mut keys = WindowKeys {
+        schema: &schema,
+        computed: Vec::new(),
+    };
+    let mut exprs = Vec::with_capacity(window.window_expr.len());
+    for expr in &window.window_expr {
+        exprs.push((
+            expr.schema_name().to_string(),
+            keys.rewrite(expr.clone())?.data,
+        ));
+    }
+    if keys.computed.is_empty() {
+        return Ok(Transformed::no(LogicalPlan::Window(window)));
+    }
+    let passed: Vec<Expr> = schema.columns().into_iter().map(Expr::Column).collect();
+    let computed = keys.computed.into_iter().map(|(e, name)| e.alias(name));
+    let below = Projection::try_new(
+        passed.iter().cloned().chain(computed).collect(),
+        window.input,
+    )?;
+    let outputs: Vec<Expr> = exprs
+        .iter()
+        .map(|(name, e)| Expr::Column(Column::from_name(e.schema_name().to_string())).alias(name))
+        .collect();
+    let window_exprs = exprs.into_iter().map(|(_, e)| e).collect();
+    let windowed = Window::try_new(window_exprs, Arc::new(LogicalPlan::Projection(below)))?;
+    let above = Projection::try_new(
+        passed.into_iter().chain(outputs).collect(),
+        Arc::new(LogicalPlan::Window(windowed)),
+    )?;
+    Ok(Transformed::yes(LogicalPlan::Projection(above)))
+}
+
 impl SortKeysAsColumns {
     fn node(plan: LogicalPlan) -> DfResult<Transformed<LogicalPlan>> {
-        let LogicalPlan::Sort(sort) = plan else {
-            return Ok(Transformed::no(plan));
+        let sort = match plan {
+            LogicalPlan::Sort(sort) => sort,
+            LogicalPlan::Window(window) => return window_node(window),
+            other => return Ok(Transformed::no(other)),
         };
         if sort
             .expr
@@ -70,7 +157,7 @@ impl SortKeysAsColumns {
             .map(|(i, key)| match key.expr {
                 Expr::Column(_) => key,
                 expr => {
-                    let name = key_name(&schema, i);
+                    let name = key_name(&schema, "sort", i);
                     computed.push(expr.alias(&name));
                     SortExpr::new(
                         Expr::Column(Column::from_name(name)),

@@ -8,26 +8,41 @@ says NULLS FIRST or LAST, float literals are written `0.5e0` (DuckDB reads
 `0.5` as DECIMAL), `/` only divides floats by powers of two, no cast from
 float to integer (DuckDB rounds, DataFusion truncates), no arithmetic on the
 64-bit `cache_id`, no integer literal as a GROUP BY key (DuckDB reads it as a
-column number), and a product or rounding adds 0.0 so it never gives -0.0
-(see `nonneg_zero`). Float data are multiples of 1/8, so sums and averages
-are exact in any order; a value that is not (a sum of square roots...) is
-never ordered or compared. Subqueries stand in WHERE only (see
-`subquery_predicate`). Expressions stay shallow (a few dozen terms at most).
-A total ORDER BY ends with (or is) the key of the rows: (cache_id,
-sample_id) of `metadata` and `payloads`, the order the engine's scans
-deliver in part, so a node that declares an order it does not deliver loses
-a sort that shows.
+column number), and `length` of a payload only as `length(p.data)` (DuckDB
+has no `length(BLOB)`: the test reads it as `octet_length` there). Float
+data are multiples of 1/8, so sums and averages are exact in any order, and
+the values SQL sets apart from Arrow (`SPECIAL_FLOATS`: NaN with and without
+its sign bit, -0.0, +/-inf), whose sums are NaN or an infinity in any order
+too; they stand in float columns, IN lists, BETWEEN bounds, group and
+partition keys and join keys. A value that is not exact (a sum of square
+roots...) is never ordered or compared. Subqueries stand in WHERE (see
+`subquery_predicate`), and an IN subquery in a select list. Expressions
+stay shallow (a few dozen terms at most). A total ORDER BY ends with (or
+is) the key of the rows: (cache_id, sample_id) of `metadata` and
+`payloads`, the order the engine's scans deliver in part, so a node that
+declares an order it does not deliver loses a sort that shows; it may start
+with an expression that is no output column (`sqrt(abs(x))`, `ln(abs(x) +
+1)`...), and a join with `payloads` may spell its key `p.cache_id,
+p.sample_id`.
+
+A query records whether it holds a shape the engine refuses because
+DataFusion 55 answers it wrong (`Query.refusable`: `NOT IN (subquery)`, an
+`IN (subquery)` anywhere but a conjunct of a WHERE, `EXCEPT ALL`,
+`INTERSECT ALL`; the engine refuses them where a side can be NULL, or
+always): a refusal of any other query is a failure.
 """
 
 from __future__ import annotations
 
+import math
 import random
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 # Bump when the populations or queries a seed gives change: saved examples
 # keep their query text, but their population comes from the seed again.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 3
 
 # ---------------------------------------------------------------------------
 # populations
@@ -35,6 +50,25 @@ GENERATOR_VERSION = 1
 
 WORDS = ["a", "b", "ab", "Ab", "B", "abc", "a_c", "x%y", "", " a ", "café", "Z", "ba", "aa"]
 FLOATS = [x / 8 for x in range(-24, 25)]  # -3 .. 3 in steps of 1/8: exact sums
+# What SQL sets apart from Arrow's IEEE total order: one NaN, greater than
+# every number, stored both ways (numpy's NaN, and the one with its sign bit
+# set that x86 computes for 0/0, below -inf in Arrow's order), and -0.0,
+# equal to 0.0; and the infinities.
+NEGATIVE_NAN = struct.unpack("<d", struct.pack("<Q", 0xFFF8_0000_0000_0000))[0]
+SPECIAL_FLOATS = [math.nan, NEGATIVE_NAN, -0.0, math.inf, -math.inf]
+# ...all of which `metadata` stores (a float column of a negative NaN and
+# no positive one once made its manifest range unreadable:
+# `test_a_population_may_hold_a_negative_nan`), as do the registered table
+# `d`, the literals and what queries compute.
+STORED_FLOATS = SPECIAL_FLOATS
+# their literals (a NaN literal negated is the negative NaN, as computed)
+SPECIAL_LITERALS = [
+    "CAST('NaN' AS DOUBLE)",
+    "(-CAST('NaN' AS DOUBLE))",
+    "(-0.0e0)",
+    "CAST('Infinity' AS DOUBLE)",
+    "CAST('-Infinity' AS DOUBLE)",
+]
 LABELS = 5  # label takes 0..4 (and NULL); d has 0..5
 
 
@@ -54,6 +88,10 @@ def _maybe(rng: random.Random, value: Any, p_null: float) -> Any:
     return None if rng.random() < p_null else value
 
 
+def _float(rng: random.Random, specials: list[float]) -> float:
+    return rng.choice(specials) if rng.random() < 0.12 else rng.choice(FLOATS)
+
+
 def population(seed: int, n_caches: int, update: bool) -> Population:
     rng = random.Random(seed)
     caches = []
@@ -65,7 +103,7 @@ def population(seed: int, n_caches: int, update: bool) -> Population:
                 "rid": c * 1000 + i,  # unique: the key a total ORDER BY ends with
                 "label": _maybe(rng, rng.randrange(LABELS), 0.15),
                 "grp": rng.randrange(3),
-                "score": _maybe(rng, rng.choice(FLOATS), 0.15),
+                "score": _maybe(rng, _float(rng, STORED_FLOATS), 0.15),
                 "name": _maybe(rng, rng.choice(WORDS), 0.15),
                 "flag": _maybe(rng, rng.random() < 0.5, 0.2),
             }
@@ -96,7 +134,7 @@ def population(seed: int, n_caches: int, update: bool) -> Population:
             }
         )
     d_rows = [
-        {"label": lab, "lname": rng.choice(WORDS), "w": rng.choice(FLOATS)}
+        {"label": lab, "lname": rng.choice(WORDS), "w": _float(rng, SPECIAL_FLOATS)}
         for lab in range(LABELS + 1)
         if lab == 0 or rng.random() < 0.85
     ]
@@ -145,6 +183,9 @@ class Source:
     sql: str  # a FROM clause body
     cols: list[Col]
     key: list[str]  # refs (among cols) whose values identify a row; [] if none
+    # the key spelled with the payloads' columns (an inner join with
+    # `payloads` on the pair), [] if the source has no such spelling
+    pkey: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -154,6 +195,7 @@ class Query:
     total: bool = False  # ORDER BY fixes the whole row sequence (up to equal rows)
     key_cols: list[int] = field(default_factory=list)  # output columns ORDER BY starts with
     limited: bool = False  # top-level LIMIT/OFFSET
+    refusable: bool = False  # holds a shape the engine refuses (see the module's doc)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -162,6 +204,7 @@ class Query:
             "total": self.total,
             "key_cols": self.key_cols,
             "limited": self.limited,
+            "refusable": self.refusable,
         }
 
 
@@ -182,6 +225,36 @@ R_COLS = [("cache_id", "id"), ("sample_id", "int"), ("rk", "int"), ("val", "int"
 D_COLS = [("label", "int"), ("lname", "str"), ("w", "float")]
 PATTERNS = ["a%", "%b", "_b%", "%a_c%", "%", "", "A%", "%é", "x%", "_", "__", "%a%"]
 ORDERABLE = ("int", "float", "str", "bool", "id")
+# IN subqueries by the kind of their column: (query, whether its column can be
+# NULL). Some hold NULLs, some NaN and -0.0 (DuckDB and the engine take a NaN
+# as equal to a NaN, -0.0 as 0.0), two cannot be NULL (so NOT IN over
+# `metadata`'s `sample_id` answers instead of being refused).
+IN_SUBQUERIES = {
+    "int": [
+        ("SELECT d.label FROM d WHERE d.w > 0", True),
+        ("SELECT r.val FROM r", True),  # NULLs
+        ("SELECT r.sample_id FROM r WHERE r.note IS NOT NULL", True),
+        ("SELECT label FROM metadata WHERE flag", True),
+        ("SELECT nullif(r.val, 3) FROM r WHERE r.rk < 10", True),
+        ("SELECT max(r.val) FROM r WHERE r.val > 100", True),  # one NULL
+        ("SELECT sample_id FROM metadata WHERE label = 1", False),
+        ("SELECT sample_id FROM payloads WHERE raw_len > 8", False),
+    ],
+    "float": [
+        ("SELECT d.w FROM d", True),
+        ("SELECT score FROM metadata WHERE grp = 1", True),
+        ("SELECT score * 0.0e0 FROM metadata", True),  # NaN of inf, -0.0 of negatives
+    ],
+    "str": [
+        ("SELECT r.note FROM r", True),
+        ("SELECT d.lname FROM d WHERE d.label > 1", True),
+        ("SELECT name FROM metadata WHERE flag IS NULL", True),
+    ],
+    "id": [
+        ("SELECT cache_id FROM payloads WHERE raw_len = 0", False),
+        ("SELECT r.cache_id FROM r", True),
+    ],
+}
 
 
 class Generator:
@@ -197,6 +270,10 @@ class Generator:
         self.meta = [(c, META_KINDS[c]) for c in meta_columns if c in META_KINDS]
         self.cache_ids = cache_ids
         self.in_where = False  # subqueries only in WHERE (see subquery_predicate)
+        # the predicate being written is a conjunct of a WHERE (the one place
+        # an IN subquery over NULLs answers right, so the engine allows it)
+        self.conjunct = False
+        self.refusable = False  # a shape the engine refuses was written
 
     # -- helpers ---------------------------------------------------------------
     def chance(self, p: float) -> bool:
@@ -211,6 +288,8 @@ class Generator:
             v = r.choice([0, 1, 2, 3, 4, 5, -1, 7, 10, 20, 50])
             return f"({v})" if v < 0 else str(v)
         if kind == "float":
+            if self.chance(0.12):
+                return r.choice(SPECIAL_LITERALS)
             v = r.choice(FLOATS)
             return f"({v!r}e0)" if v < 0 else f"{v!r}e0"
         if kind == "str":
@@ -232,6 +311,8 @@ class Generator:
         m = self.meta_cols("m")
         pair = ["m.cache_id", "m.sample_id"] + ([] if self.pair_unique else ["m.rid"])
         mkey = pair if self.chance(0.6) else ["m.rid"]
+        # an inner join with `payloads` holds the pair twice, as p's too
+        pkey = ["p.cache_id", "p.sample_id", *mkey[2:]] if mkey is pair else []
         p = [Col("p.raw_len", "int"), Col("p.data", "bytes")]
         r = [Col(f"r.{c}", k) for c, k in R_COLS]
         d = [Col(f"d.{c}", k) for c, k in D_COLS]
@@ -239,14 +320,17 @@ class Generator:
         choice = (
             choice
             or self.rng.choices(
-                ["m", "mp", "mr", "md", "mpd", "rp", "p", "mpr"], [30, 25, 10, 10, 6, 6, 4, 6]
+                ["m", "mp", "mr", "md", "mpd", "rp", "p", "mpr", "mw"],
+                [30, 25, 10, 10, 6, 6, 4, 6, 5],
             )[0]
         )
         if choice == "m":
             return Source("metadata m", m, mkey)
         if choice == "mp":
             join = self.pick(["JOIN", "JOIN", "LEFT JOIN"])
-            return Source(f"metadata m {join} payloads p {using}", m + p, mkey)
+            src = Source(f"metadata m {join} payloads p {using}", m + p, mkey)
+            src.pkey = pkey if join == "JOIN" else []
+            return src
         if choice == "mr":
             join = self.pick(["JOIN", "LEFT JOIN"])
             return Source(f"metadata m {join} r {using}", m + r, [*mkey, "r.rk"])
@@ -258,6 +342,7 @@ class Generator:
                 f"metadata m JOIN payloads p {using} LEFT JOIN d ON m.label = d.label",
                 m + p + d,
                 mkey,
+                pkey,
             )
         if choice == "mpr":
             return Source(
@@ -265,7 +350,12 @@ class Generator:
                 "AND r.sample_id = m.sample_id",
                 m + p + r,
                 [*mkey, "r.rk"],
+                [*pkey, "r.rk"] if pkey else [],
             )
+        if choice == "mw":  # a join on floats: NaN meets NaN, -0.0 meets 0.0
+            join = self.pick(["JOIN", "LEFT JOIN"])
+            on = self.pick(["m.score = d.w", "m.score * 0.0e0 = d.w", "m.score = -d.w"])
+            return Source(f"metadata m {join} d ON {on}", m + d, [*mkey, "d.label"])
         if choice == "rp":
             join = self.pick(["JOIN", "LEFT JOIN"])
             return Source(f"r {join} payloads p {using}", r + p, ["r.rk"])
@@ -288,7 +378,8 @@ class Generator:
             return Expr(self.lit(kind), kind)
         return getattr(self, f"_{kind}")(src, depth - 1)
 
-    def _int(self, src: Source, d: int) -> Expr:
+    # C901: a flat dispatch on one random pick
+    def _int(self, src: Source, d: int) -> Expr:  # noqa: C901
         e = lambda: self.expr(src, "int", d)  # noqa: E731
         pick = self.rng.randrange(10)
         if pick == 0:
@@ -302,6 +393,9 @@ class Generator:
         if pick == 4:
             return Expr(f"({e().sql} % {self.rng.randint(2, 5)})", "int")
         if pick == 5:
+            data = self.col(src, "bytes")
+            if data is not None and self.chance(0.4):
+                return self.payload_length(data.sql)
             return Expr(f"length({self.expr(src, 'str', d).sql})", "int")
         if pick == 6:
             return Expr(f"coalesce({e().sql}, {self.lit('int')})", "int")
@@ -311,6 +405,13 @@ class Generator:
         if pick == 8:
             return Expr(f"nullif({e().sql}, {self.lit('int')})", "int")
         return Expr(f"strpos({self.expr(src, 'str', d).sql}, 'a')", "int")
+
+    def payload_length(self, data: str) -> Expr:
+        """The bytes of a payload: `length` of a BLOB counts bytes (DuckDB
+        has only `octet_length`: the test writes `length(p.data)` so there,
+        and only that spelling)."""
+        fn = self.pick(["length", "octet_length"]) if data == "p.data" else "octet_length"
+        return Expr(f"{fn}({data})", "int")
 
     # C901: a flat dispatch on one random pick
     def _float(self, src: Source, d: int) -> Expr:  # noqa: C901
@@ -324,7 +425,7 @@ class Generator:
             return Expr(f"({a.sql} - {b.sql})", "float", a.exact)
         if pick == 2:
             a = f()
-            return Expr(nonneg_zero(f"{a.sql} * {self.lit('float')}"), "float", a.exact)
+            return Expr(f"({a.sql} * {self.lit('float')})", "float", a.exact)
         if pick == 3:
             a = f()
             return Expr(f"({a.sql} / {self.pick(['2.0e0', '4.0e0', '0.5e0'])})", "float", a.exact)
@@ -334,17 +435,18 @@ class Generator:
         if pick == 5:
             a = f()
             fn = self.pick(["round", "floor", "ceil"])
-            return Expr(nonneg_zero(f"{fn}({a.sql})"), "float", a.exact)
+            return Expr(f"{fn}({a.sql})", "float", a.exact)
         if pick == 6:
             a = f()
-            return Expr(nonneg_zero(f"round({a.sql}, {self.rng.randint(0, 2)})"), "float", False)
+            return Expr(f"round({a.sql}, {self.rng.randint(0, 2)})", "float", False)
         if pick == 7:
             return Expr(f"sqrt(abs({f().sql}))", "float", False)
         if pick == 8:
             return Expr(f"CAST({self.expr(src, 'int', d).sql} AS DOUBLE)", "float")
-        if pick == 9:
+        if pick == 9:  # nullif(x, -0.0) is NULL at 0.0 too; greatest(NaN, 1) is NaN
             a = f()
-            return Expr(f"coalesce({a.sql}, {self.lit('float')})", "float", a.exact)
+            fn = self.pick(["coalesce", "coalesce", "nullif", "greatest", "least"])
+            return Expr(f"{fn}({a.sql}, {self.lit('float')})", "float", a.exact)
         a, b = f(), f()
         c = self.expr(src, "bool", d)
         return Expr(
@@ -373,6 +475,9 @@ class Generator:
         if pick == 7:
             return Expr(f"{self.pick(['left', 'right'])}({s()}, {self.rng.randint(0, 3)})", "str")
         if pick == 8:
+            data = self.col(src, "bytes")
+            if data is not None and self.chance(0.5):  # hex text in both engines
+                return Expr(f"{self.pick(['md5', 'sha256'])}({data.sql})", "str")
             return Expr(f"CAST({self.expr(src, 'int', d).sql} AS VARCHAR)", "str")
         if pick == 9:
             return Expr(f"coalesce({s()}, {self.lit('str')})", "str")
@@ -398,6 +503,7 @@ class Generator:
         """A boolean expression: comparisons, IN, BETWEEN, IS NULL, LIKE,
         joined with AND/OR/NOT up to depth `d`."""
         r = self.rng
+        conjunct, self.conjunct = self.conjunct, False  # only AND hands it down
         pick = r.randrange((12 if self.in_where else 11) if d > 0 else 8)
         if pick in (0, 1):
             a, kind = self.comparable(src, d - 1)
@@ -412,10 +518,13 @@ class Generator:
                 items.append("NULL")
             neg = "NOT " if self.chance(0.3) else ""
             return Expr(f"({a.sql} {neg}IN ({', '.join(items)}))", "bool")
-        if pick == 3:
+        if pick == 3:  # each pair compared in its own type: 64-bit ids against inf
             kind = self.pick(["int", "float"])
-            a = self.expr(src, kind, d - 1)
-            lo, hi = sorted([self.lit(kind), self.lit(kind)], key=_number)
+            a = (self.col(src, "id") if self.chance(0.15) else None) or self.expr(src, kind, d - 1)
+            bounds = [self.lit(self.pick([kind, kind, "int", "float"])) for _ in range(2)]
+            lo, hi = sorted(bounds, key=_number)
+            if self.chance(0.08):  # NULL or FALSE, as its other half says
+                lo, hi = self.pick([("NULL", hi), (lo, "NULL")])
             neg = "NOT " if self.chance(0.2) else ""
             return Expr(f"({a.sql} {neg}BETWEEN {lo} AND {hi})", "bool")
         if pick == 4 and src.cols:
@@ -437,51 +546,80 @@ class Generator:
             return Expr(f"starts_with({self.expr(src, 'str', d - 1).sql}, 'a')", "bool")
         if pick in (8, 9):
             op = self.pick(["AND", "OR"])
-            terms = [self.predicate(src, d - 1).sql for _ in range(r.randint(2, 3))]
+            terms = []
+            for _ in range(r.randint(2, 3)):
+                self.conjunct = conjunct and op == "AND"
+                terms.append(self.predicate(src, d - 1).sql)
             return Expr("(" + f" {op} ".join(terms) + ")", "bool")
         if pick == 10:
             return Expr(f"(NOT {self.predicate(src, d - 1).sql})", "bool")
-        return self.subquery_predicate(src)
+        return self.subquery_predicate(src, conjunct)
 
-    def subquery_predicate(self, src: Source) -> Expr:
+    def subquery_predicate(self, src: Source, conjunct: bool) -> Expr:
         """IN / NOT IN / EXISTS / a scalar subquery over another table, in a
-        WHERE only: DataFusion plans no IN or EXISTS subquery in a select list
-        ("Physical plan does not support logical expression InSubquery"), and
-        pushes a filter that names no column (such as `(SELECT count(*) FROM
-        d) > 3`) below an aggregate without GROUP BY, which then still
-        answers its one row (both upstream: `KNOWN_UPSTREAM` in the test)."""
+        WHERE (`conjunct`: as one of its conjuncts). Their values hold NULLs
+        or none, NaN and -0.0 (`IN_SUBQUERIES`), and a scalar subquery may
+        be NULL. A NOT IN, or an IN anywhere but a conjunct (under NOT, OR,
+        IS), is refusable: over a side that can be NULL, DataFusion 55
+        answers it without SQL's NULL rule, and the engine refuses it.
+        DataFusion pushes a filter that names no column (such as `(SELECT
+        count(*) FROM d) > 3`) below an aggregate without GROUP BY, which
+        then still answers its one row: none is written."""
         r = self.rng
-        ints = [c for c in src.cols if c.kind == "int"]
-        pick = r.randrange(4)
-        if pick == 0 and ints:
-            c = self.pick(ints).ref
+        pick = r.randrange(5)
+        if pick in (0, 1):
+            kind = self.pick(["int", "int", "float", "str", "id"])
+            cols = [c for c in src.cols if c.kind == kind]
+            if cols:
+                neg = "NOT " if self.chance(0.3) else ""
+                inner, _ = self.pick(IN_SUBQUERIES[kind])
+                e = f"({self.pick(cols).ref} {neg}IN ({inner}))"
+                wrapped = self.chance(0.15)
+                if wrapped:  # where NULL and FALSE differ
+                    e = f"({e} IS {self.pick(['', 'NOT '])}{self.pick(['TRUE', 'FALSE'])})"
+                self.refusable |= bool(neg) or wrapped or not conjunct
+                return Expr(e, "bool")
+        if pick == 2:
+            floats = [c for c in src.cols if c.kind == "float"]
+            if floats:
+                scalar = self.pick(
+                    [
+                        f"SELECT {self.pick(['avg', 'min', 'max'])}(score) FROM metadata",
+                        "SELECT min(d.w) FROM d WHERE d.label > 10",  # NULL
+                    ]
+                )
+                op = self.pick([">", "<=", "="])
+                return Expr(f"({self.pick(floats).ref} {op} ({scalar}))", "bool")
+        if pick == 3 and any(c.ref == "m.sample_id" for c in src.cols):
             neg = "NOT " if self.chance(0.3) else ""
             inner = self.pick(
                 [
-                    "SELECT d.label FROM d WHERE d.w > 0",
-                    "SELECT r.val FROM r",
-                    "SELECT r.sample_id FROM r WHERE r.note IS NOT NULL",
-                    "SELECT label FROM metadata WHERE flag",
+                    "SELECT 1 FROM r WHERE r.cache_id = m.cache_id AND r.sample_id = m.sample_id",
+                    "SELECT 1 FROM r WHERE r.val = m.label",  # a NULL label meets none
+                    "SELECT 1 FROM d WHERE d.w = m.score",  # NaN meets NaN, -0.0 meets 0.0
                 ]
             )
-            return Expr(f"({c} {neg}IN ({inner}))", "bool")
-        if pick == 1:
-            floats = [c for c in src.cols if c.kind == "float"]
-            if floats:
-                agg = self.pick(["avg", "min", "max"])
-                return Expr(
-                    f"({self.pick(floats).ref} > (SELECT {agg}(score) FROM metadata))", "bool"
-                )
-        if pick == 2 and any(c.ref == "m.sample_id" for c in src.cols):
-            neg = "NOT " if self.chance(0.3) else ""
-            return Expr(
-                f"({neg}EXISTS (SELECT 1 FROM r WHERE r.cache_id = m.cache_id "
-                "AND r.sample_id = m.sample_id))",
-                "bool",
-            )
+            return Expr(f"({neg}EXISTS ({inner}))", "bool")
+        ints = [c for c in src.cols if c.kind == "int"]
         if ints:
-            return Expr(f"({self.pick(ints).ref} < (SELECT count(*) FROM d))", "bool")
+            scalar = self.pick(
+                ["SELECT count(*) FROM d", "SELECT max(r.val) FROM r WHERE r.val > 100"]
+            )
+            return Expr(f"({self.pick(ints).ref} < ({scalar}))", "bool")
         return self.predicate(src, 0)
+
+    def in_subquery_item(self, src: Source) -> Expr | None:
+        """`x IN (SELECT ...)` as an output column, over a subquery that can
+        be NULL: always refused (DataFusion 55 plans none in a select list
+        over columns that cannot be NULL either: "Physical plan does not
+        support logical expression InSubquery")."""
+        kind = self.pick(["int", "float", "str"])
+        cols = [c for c in src.cols if c.kind == kind]
+        if not cols:
+            return None
+        inner = self.pick([q for q, nullable in IN_SUBQUERIES[kind] if nullable])
+        self.refusable = True
+        return Expr(f"({self.pick(cols).ref} IN ({inner}))", "bool")
 
     # -- select lists ----------------------------------------------------------
     def item(self, src: Source, kinds: tuple[str, ...] = ("int", "float", "str", "bool")) -> Expr:
@@ -524,7 +662,8 @@ class Generator:
         """A window function with a deterministic value: row_number and lag
         order by the source's key too; rank and running sums are defined
         under ties (RANGE frames include peers)."""
-        part_cols = [c for c in src.cols if c.kind in ("int", "str", "bool", "id")]
+        # float partitions: one NaN, one zero (each stored two ways)
+        part_cols = [c for c in src.cols if c.kind in ("int", "float", "str", "bool", "id")]
         parts = [c.ref for c in self.rng.sample(part_cols, k=min(len(part_cols), 2))]
         parts = parts[: self.rng.randint(0, len(parts))]
         over = f"PARTITION BY {', '.join(parts)} " if parts else ""
@@ -561,7 +700,38 @@ class Generator:
             ["select", "keyorder", "group", "window", "setop", "cte", "derived", "constant"],
             [26, 16, 21, 11, 9, 9, 6, 2],
         )[0]
-        return getattr(self, f"q_{form}")()
+        self.refusable = False
+        q: Query = getattr(self, f"q_{form}")()
+        q.refusable = self.refusable
+        return q
+
+    def sort_expr(self, src: Source) -> str | None:
+        """An ORDER BY term that is no output column, a function of one
+        (`sqrt`, `ln`, `abs`, `ascii`: DataFusion's order analysis refused
+        such sorts, "does not satisfy order requirements"). Each is monotone
+        in |x| (or exact), so its ties are the column's whatever the last
+        bit of `ln`, and a sort that closes with the key stays total."""
+        nums = [c.ref for c in src.cols if c.kind in ("int", "float")]
+        strs = [c.ref for c in src.cols if c.kind == "str"]
+        terms = []
+        if nums:
+            x = self.pick(nums)
+            terms += [f"sqrt(abs({x}))", f"ln(abs({x}) + 1)", f"abs({x})"]
+        if strs:
+            terms += [f"abs(ascii({self.pick(strs)}))", f"length({self.pick(strs)})"]
+        if any(c.ref == "p.data" for c in src.cols):
+            terms.append("octet_length(p.data)")
+        return f"{self.pick(terms)} {self.direction()}" if terms else None
+
+    def led_by_expr(self, terms: list[str], q: Query, src: Source | None, p: float) -> list[str]:
+        """ORDER BY `terms`, with chance `p` after a `sort_expr` over `src`
+        (if given and it has one): the output columns then no longer lead
+        the order (`q.key_cols`)."""
+        first = self.sort_expr(src) if src is not None and self.chance(p) else None
+        if first is None:
+            return terms
+        q.key_cols = []
+        return [first, *terms]
 
     def order_limit(
         self,
@@ -569,11 +739,14 @@ class Generator:
         keys: list[int],
         extra_keys: list[str] | None = None,
         may_limit: bool = True,
+        src: Source | None = None,
     ) -> tuple[str, Query]:
         """ORDER BY (maybe) over output columns `c0..` and a unique key
         (`keys`, output positions, or `extra_keys`, SQL that need not be
-        output), the key first or last, then maybe LIMIT/OFFSET. Returns the
-        clause and the query's ordering facts (its sql unset)."""
+        output), the key first or last, then maybe LIMIT/OFFSET; where
+        `src` is given (its columns may be named in ORDER BY), maybe first
+        by an expression over it (`sort_expr`). Returns the clause and the
+        query's ordering facts (its sql unset)."""
         q = Query("")
         if not self.chance(0.65):
             if may_limit and self.chance(0.1):
@@ -606,6 +779,7 @@ class Generator:
             q.total = True
         # every output column ordered: only equal rows can trade places
         q.total = q.total or set(q.key_cols) >= set(range(len(items)))
+        terms = self.led_by_expr(terms, q, src, 0.25)
         clause = " ORDER BY " + ", ".join(terms)
         if may_limit and self.chance(0.35):
             q.limited = True
@@ -624,15 +798,17 @@ class Generator:
     def where(self, src: Source) -> str:
         if not self.chance(0.7):
             return ""
-        self.in_where = True
+        self.in_where = self.conjunct = True
         try:
             return f" WHERE {self.predicate(src, self.rng.randint(1, 3)).sql}"
         finally:
-            self.in_where = False
+            self.in_where = self.conjunct = False
 
     def q_select(self) -> Query:
         src = self.source()
         items = [self.item(src) for _ in range(self.rng.randint(1, 4))]
+        if self.chance(0.05):
+            items.append(self.in_subquery_item(src) or items[0])
         keys: list[int] = []
         if self.chance(0.5):  # the source's key among the outputs
             for k in src.key:
@@ -643,14 +819,20 @@ class Generator:
             keys = list(range(len(items)))
         sql = f"SELECT {'DISTINCT ' if distinct else ''}{self.select_list(items)} FROM {src.sql}"
         sql += self.where(src)
-        clause, q = self.order_limit(items, keys, None if distinct else src.key)
+        if distinct:  # ORDER BY may name output columns only
+            clause, q = self.order_limit(items, keys)
+        else:
+            clause, q = self.order_limit(items, keys, src.key, src=src)
         q.sql = sql + clause
         return q
 
     def q_keyorder(self) -> Query:
         """ORDER BY the key of the rows, (cache_id, sample_id) mostly, which
         the engine's scans deliver in part: where a node declares an order
-        it does not deliver, the sort that ORDER BY needs goes missing."""
+        it does not deliver, the sort that ORDER BY needs goes missing. A
+        join with `payloads` may be sorted by the payloads' columns
+        (`p.cache_id DESC, p.sample_id`), after a filter on metadata, and
+        any by an expression first (`sort_expr`)."""
         src = self.source("mp" if self.chance(0.5) else None)
         items = [self.item(src) for _ in range(self.rng.randint(0, 3))]
         if self.chance(0.3):  # computed over all rows, before the LIMIT
@@ -663,12 +845,17 @@ class Generator:
                 items.append(Expr(k, "id" if k.endswith("cache_id") else "int"))
         used = src.key[:1] if self.chance(0.2) and len(src.key) > 1 else src.key
         direction = "ASC NULLS LAST" if self.chance(0.7) else self.direction()
+        directions = [direction if self.chance(0.7) else self.direction() for _ in used]
         if shown and self.chance(0.5):
-            terms = [f"{self.ref(p).split()[0]} {direction}" for p in positions[: len(used)]]
+            names = [self.ref(p).split()[0] for p in positions]
+        elif src.pkey and self.chance(0.6):
+            names = src.pkey
         else:
-            terms = [f"{k} {direction}" for k in used]
+            names = src.key
+        terms = [f"{k} {d}" for k, d in zip(names, directions, strict=False)]
         q = Query("", ordered=True, total=used == src.key)
         q.key_cols = positions[: len(used)]
+        terms = self.led_by_expr(terms, q, src, 0.2)
         sql = f"SELECT {self.select_list(items)} FROM {src.sql}{self.where(src)}"
         sql += " ORDER BY " + ", ".join(terms)
         if self.chance(0.4):
@@ -687,8 +874,11 @@ class Generator:
                 c = self.pick(cols)
                 gkeys.append(Expr(c.ref, c.kind))
             else:
-                e = self.expr(src, self.pick(["int", "str", "bool"]), 1)
+                # a float key computed: x * 0.0 groups -0.0 with 0.0, and NaN of inf
+                e = self.expr(src, self.pick(["int", "str", "bool", "float"]), 1)
                 if not any(c.ref in e.sql for c in src.cols):  # GROUP BY 4 means column 4
+                    continue
+                if not e.exact:
                     continue
                 gkeys.append(e)
         aggs = [self.aggregate(src) for _ in range(self.rng.randint(1, 3))]
@@ -721,24 +911,36 @@ class Generator:
             keys.append(len(items))
             items.append(Expr(k, "int" if not k.endswith("cache_id") else "id"))
         sql = f"SELECT {self.select_list(items)} FROM {src.sql}" + self.where(src)
-        clause, q = self.order_limit(items, keys)
+        clause, q = self.order_limit(items, keys, src=src)
         q.sql = sql + clause
         return q
 
-    def q_setop(self) -> Query:
+    def set_operation(self, prefix: str = "c") -> tuple[str, list[str]]:
+        """Two or three SELECTs of the same column kinds joined by UNION,
+        INTERSECT, EXCEPT, each with or without ALL (the ALLs of INTERSECT
+        and EXCEPT are refused: DataFusion 55 gets the copies wrong), over
+        floats with NaN and -0.0 too (one value each, as SQL has them).
+        Returns the text and the kinds of its columns (`prefix`0...)."""
         kinds = [self.pick(["int", "float", "str", "bool"]) for _ in range(self.rng.randint(1, 3))]
-        sides = []
-        for _ in range(2):
+        sql = ""
+        for side in range(self.rng.choice([2, 2, 3])):
             src = self.source()
             items = [self.typed_item(src, k) for k in kinds]
-            sides.append(f"SELECT {self.select_list(items)} FROM {src.sql}{self.where(src)}")
-        op = self.pick(["UNION", "UNION ALL", "UNION ALL", "INTERSECT", "EXCEPT"])
-        if op in ("INTERSECT", "EXCEPT") and len(kinds) == 2:
-            op += " ALL"  # multiplicities (refused: DataFusion 55 gets them wrong)
+            if side:
+                op = self.pick(["UNION", "UNION ALL", "INTERSECT", "INTERSECT ALL", "EXCEPT"])
+                op = self.pick([op, "UNION ALL", "EXCEPT ALL"])
+                self.refusable |= op in ("INTERSECT ALL", "EXCEPT ALL")
+                sql += f" {op} "
+            sql += f"SELECT {self.select_list(items, prefix)} FROM {src.sql}{self.where(src)}"
+        return sql, kinds
+
+    def q_setop(self) -> Query:
+        sql, kinds = self.set_operation()
         outs = [Expr(f"c{i}", k) for i, k in enumerate(kinds)]
-        keys = list(range(len(kinds))) if op != "UNION ALL" else []
+        # (copies of a row are equal rows: ordering every column is total)
+        keys = list(range(len(kinds))) if "UNION ALL" not in sql else []
         clause, q = self.order_limit(outs, keys)
-        q.sql = f"{sides[0]} {op} {sides[1]}{clause}"
+        q.sql = sql + clause
         return q
 
     def typed_item(self, src: Source, kind: str) -> Expr:
@@ -748,6 +950,10 @@ class Generator:
     def inner(self) -> tuple[str, list[Expr], list[int]]:
         """A subquery for WITH or FROM: its text, output kinds (as t.cN) and
         output positions that identify its rows."""
+        if self.chance(0.12):
+            sql, kinds = self.set_operation("i")
+            cols = [Expr(f"t.i{i}", k) for i, k in enumerate(kinds)]
+            return sql, cols, list(range(len(kinds)))
         src = self.source()
         if self.chance(0.5):
             gkeys, aggs = self.group_parts(src)
@@ -764,7 +970,8 @@ class Generator:
                 items.append(Expr(k, "int" if not k.endswith("cache_id") else "id"))
             sql = f"SELECT {self.select_list(items, 'i')} FROM {src.sql}{self.where(src)}"
             if self.chance(0.3):  # a LIMIT inside needs a total order to be defined
-                sql += " ORDER BY " + ", ".join(self.ref(k, "i") for k in keys)
+                terms = self.led_by_expr([self.ref(k, "i") for k in keys], Query(""), src, 0.3)
+                sql += " ORDER BY " + ", ".join(terms)
                 sql += f" LIMIT {self.rng.randint(1, 30)}"
         cols = [Expr(f"t.i{i}", e.kind, e.exact) for i, e in enumerate(items)]
         return sql, cols, keys
@@ -785,7 +992,7 @@ class Generator:
             key_refs = [cols[k].sql for k in keys if cols[k].exact]
             full = len(key_refs) == len(keys) and keys
             sql = f"SELECT {self.select_list(items)} FROM {from_sql}{self.where(src)}"
-            clause, q = self.order_limit(items, [], key_refs if full else None)
+            clause, q = self.order_limit(items, [], key_refs if full else None, src=src)
         q.sql = sql + clause
         return q
 
@@ -808,13 +1015,11 @@ class Generator:
         return Query(f"SELECT {self.select_list(items)}")
 
 
-def nonneg_zero(sql: str) -> str:
-    """`sql` + 0.0, which turns -0.0 into 0.0: DataFusion orders and groups
-    -0.0 before 0.0 (IEEE total order), DuckDB takes them as equal (as SQL
-    does), so a product or a rounding that can give -0.0 would differ in
-    ORDER BY ties, window peers and DISTINCT for that reason alone."""
-    return f"({sql} + 0.0e0)"
-
-
-def _number(lit: str) -> float:
-    return float(lit.strip("()").removesuffix("e0"))
+def _number(lit: str) -> tuple[bool, float]:
+    """A numeric literal's place in SQL's order: NaN above every number."""
+    if "NaN" in lit:
+        return (True, 0.0)
+    text = lit.strip("()")
+    if text.startswith("CAST"):  # CAST('-Infinity' AS DOUBLE)
+        return (False, float(text.split("'")[1]))
+    return (False, float(text.removesuffix("e0")))

@@ -3,32 +3,50 @@ through `ds.sql` and through DuckDB over the same rows, and must agree.
 
 Populations (tests/sql_fuzz.py, from a seed): one or two caches of 20-90
 samples with metadata columns of every kind (small-domain ints for ties and
-groups, floats, strings, booleans, NULLs, a column only one cache has), small
-payloads (some empty), and two registered tables, `r` (sample ids, some not
-stored, some NULL, repeated) and `d` (a label dimension). Each is built in
-five variants: one or two caches, snapshots at the default partition size or
-cut into partitions of 7 rows (`DATASETRT_PARTITION_ROWS=7`), and one whose
-population was replaced by an update (rows dropped, repeated and shuffled,
-new weights and a new column). DuckDB gets the same rows as Arrow:
-`metadata` from `get_metadata()`, `payloads` (`cache_id`, `sample_id`,
-`raw_len`, `data`) from the bytes the sources wrote, `r` and `d` as given.
+groups, floats with NaN, -0.0 and infinities, strings, booleans, NULLs, a
+column only one cache has), small payloads (some empty), and two registered
+tables, `r` (sample ids, some not stored, some NULL, repeated) and `d` (a
+label dimension, with a float column). Each is built in six variants: one
+or two caches, snapshots at the default partition size or cut into
+partitions of 7 rows (`DATASETRT_PARTITION_ROWS=7`), one whose population
+was replaced by an update (rows dropped, repeated and shuffled, new weights
+and a new column), and one opened with a SQL memory limit of a few MiB
+(`MEMORY_LIMITS`), which most sorts, joins and aggregates need more than.
+DuckDB gets the same rows as Arrow: `metadata` from `get_metadata()`,
+`payloads` (`cache_id`, `sample_id`, `raw_len`, `data`) from the bytes the
+sources wrote, `r` and `d` as given.
 
-Queries (from a seed): filters (AND/OR/NOT, comparisons, IN, BETWEEN, IS
-NULL, LIKE, subqueries), scalar functions, ORDER BY with and without ties,
-LIMIT/OFFSET, GROUP BY/HAVING with aggregates, DISTINCT, window functions,
-UNION/INTERSECT/EXCEPT, CTEs and derived tables, joins with `payloads` and
-the registered tables. Results are compared as multisets (floats within
-1e-9); where ORDER BY fixes the order, in order; where it orders by output
+Queries (from a seed): filters (AND/OR/NOT, comparisons, IN lists with NaN
+and -0.0, BETWEEN, IS NULL, LIKE, subqueries over NULLs, NaN and -0.0),
+scalar functions (and `length`, `octet_length`, `md5`, `sha256` of
+payloads), ORDER BY with and without ties, by expressions that are no
+output column (`sqrt(abs(x))`, `ln(abs(x) + 1)`), LIMIT/OFFSET,
+GROUP BY/HAVING with aggregates over float keys, DISTINCT, window functions,
+UNION/INTERSECT/EXCEPT with and without ALL, CTEs and derived tables, joins
+with `payloads` (filtered on metadata and sorted by `p.cache_id,
+p.sample_id`) and the registered tables (on floats too). Results are
+compared as multisets (floats within 1e-9, a NaN equal to a NaN, -0.0 to
+0.0); where ORDER BY fixes the order, in order; where it orders by output
 columns with ties, the sequence of those columns in order; a LIMIT without
 a total order checks the row count (and the ordered columns). An error on
 one side only is a failure, and so is an engine error that is not a
-`DatasetRTError`. Where the engine and DuckDB differ, DataFusion itself
+`DatasetRTError`, except for two answers that are right by design: a
+`QueryError` refusing a shape DataFusion 55 answers wrong (`NOT IN` over
+NULLs, `EXCEPT ALL`...: docs/sql.md), where the query holds one
+(`refusable`: a refusal of any other query fails), and, on the
+memory-limited dataset, a `QueryError` saying the query needs more memory
+than the limit. Where the engine and DuckDB differ, DataFusion itself
 (the `datafusion` package of the engine's major version, over the engine's
 own rows and Arrow types in memory) is asked too: if it answers as the
 engine does (the same error, or the same rows), the difference is
-DataFusion's (a bug or a choice upstream, such as `NOT IN (subquery)` under
-an OR ignoring NULLs) and the test is skipped with the reason (`pytest -rs`
-lists them); what the engine's own nodes and rules get wrong fails.
+DataFusion's (a bug or a choice upstream) and the test is skipped with the
+reason (`pytest -rs` lists them); what the engine's own nodes and rules
+get wrong fails. DuckDB reads each query with two names changed
+(`for_duckdb`): it has no `length` of a BLOB, so `length(p.data)` is
+`octet_length(p.data)` there, and its `var_pop` of one NaN or infinity is
+0, not NaN as PostgreSQL's and DataFusion's. At its end a run prints how
+many queries agreed, were refused, ran out of memory, were DataFusion's
+and failed.
 
 `make test` runs a fixed set of seeds (`CASES` below). `make fuzz` sets
 `DATASETRT_SQL_FUZZ=<count>` (and `DATASETRT_SQL_FUZZ_SEED=<base>`, random
@@ -47,6 +65,8 @@ import json
 import math
 import os
 import random
+import re
+from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -61,14 +81,23 @@ duckdb = pytest.importorskip("duckdb")
 
 EXAMPLES = Path(__file__).parent / "sql-fuzz-examples"
 
-# variant name: (caches, partition rows or None for the default, update)
+# variant name: (caches, partition rows or None for the default, update,
+# whether the dataset is opened with a SQL memory limit)
 VARIANTS = {
-    "one": (1, None, False),
-    "two": (2, None, False),
-    "one-p7": (1, 7, False),
-    "two-p7": (2, 7, False),
-    "two-p7-update": (2, 7, True),
+    "one": (1, None, False, False),
+    "two": (2, None, False, False),
+    "one-p7": (1, 7, False, False),
+    "two-p7": (2, 7, False, False),
+    "two-p7-update": (2, 7, True, False),
+    "two-p7-memory": (2, 7, False, True),
 }
+# The memory-limited variant's limit, by population seed: at 2 MiB most
+# sorts, joins and aggregates over these ~150 rows are refused (DataFusion
+# reserves megabytes up front: a sort's merge 10 MiB, a TopK 2 MiB); at 12
+# MiB most run, under a pool they share. Either way a query answers right
+# or says it needs more memory; a bigger query, past a limit by its data,
+# is tests/test_sql_memory.py's (its rows would make this test slow).
+MEMORY_LIMITS = ["2M", "12M"]
 
 FUZZ = int(os.environ.get("DATASETRT_SQL_FUZZ") or 0)
 FUZZ_SEED = int(
@@ -109,7 +138,7 @@ class World:
     """One population as a dataset and as a DuckDB database."""
 
     def __init__(self, root: Path, variant: str, seed: int):
-        n_caches, partition_rows, update = VARIANTS[variant]
+        n_caches, partition_rows, update, limited = VARIANTS[variant]
         pop = fz.population(seed, n_caches, update)
         with pytest.MonkeyPatch.context() as mp:
             if partition_rows:
@@ -120,6 +149,9 @@ class World:
             self.ds = drt.build(root, sources, progress=False)
             if pop.update_seed is not None:
                 self.ds.update_metadata(fz.updated(self.ds.get_metadata(), pop.update_seed))
+        self.memory_limit = MEMORY_LIMITS[seed % len(MEMORY_LIMITS)] if limited else None
+        if self.memory_limit:
+            self.ds = drt.open(root, memory_limit=self.memory_limit)
         ids = {c["name"]: c["cache_id"] for c in self.ds.caches}
         self.cache_ids = [ids[name] for name, _, _ in pop.caches]
         meta = self.ds.get_metadata()
@@ -162,6 +194,7 @@ class World:
             self.duck.register("frame", frame)
             self.duck.execute(f"CREATE TABLE {name} AS SELECT * FROM frame")
             self.duck.unregister("frame")
+        self.duck.execute(DUCKDB_VAR_POP)
         self._upstream: Any = None
 
     def upstream(self) -> Any:
@@ -198,6 +231,27 @@ def check_population(meta: pl.DataFrame, pop: fz.Population, cache_ids: list[int
     assert meta["weight"].to_list() == [1.0] * meta.height
 
 
+@pytest.fixture(scope="session", autouse=True)
+def tally(request):
+    """At the end of a run, how many random queries had each outcome (what
+    a fuzz run's note reports)."""
+    yield
+    if OUTCOMES:
+        counts = ", ".join(f"{OUTCOMES[k]} {k}" for k in (AGREED, REFUSED_RIGHT, OVER_MEMORY))
+        line = (
+            f"SQL fuzz: {OUTCOMES.total()} queries: {counts}, "
+            f"{OUTCOMES[UPSTREAM]} skipped as {UPSTREAM}, {OUTCOMES[FAILED]} {FAILED}"
+        )
+        plugins = request.config.pluginmanager
+        reporter, capture = (
+            plugins.get_plugin("terminalreporter"),
+            plugins.get_plugin("capturemanager"),
+        )
+        if reporter is not None and capture is not None:
+            with capture.global_and_fixture_disabled():  # past the capture of the teardown
+                reporter.write_line("\n" + line)
+
+
 @pytest.fixture(scope="session")
 def worlds(tmp_path_factory):
     made: dict[tuple[str, int], World] = {}
@@ -224,16 +278,40 @@ def run_engine(ds: drt.Dataset, sql: str) -> tuple[list[tuple] | None, BaseExcep
         return None, e
 
 
+# DuckDB's population variance of one value is 0 even where the value is
+# NaN or infinite; PostgreSQL's (float8_accum) and DataFusion's are NaN. This
+# one adds NaN where the values hold an infinity or a NaN (max - max is NaN
+# there, 0 elsewhere), which DuckDB's own gives for two values or more.
+DUCKDB_VAR_POP = "CREATE MACRO sql_var_pop(x) AS var_pop(x) + (max(x) - max(x)) * 0"
+
+
+def for_duckdb(sql: str) -> str:
+    """`sql` as DuckDB spells it: DuckDB has no `length` of a BLOB, which
+    counts bytes in the engine (as PostgreSQL's of a bytea), as
+    `octet_length` does in both (the generator writes `length` of
+    `p.data` only); and `var_pop` is SQL's (`DUCKDB_VAR_POP`)."""
+    sql = re.sub(r"\bvar_pop\(", "sql_var_pop(", sql)
+    return re.sub(r"\blength\(p\.data\)", "octet_length(p.data)", sql)
+
+
 def run_duckdb(con: Any, sql: str) -> tuple[list[tuple] | None, BaseException | None]:
     try:
-        return con.execute(sql).fetchall(), None
+        return con.execute(for_duckdb(sql)).fetchall(), None
     except duckdb.Error as e:
         return None, e
 
 
+def for_upstream(sql: str) -> str:
+    """`sql` as plain DataFusion spells the engine's payload functions:
+    there `sha256` gives bytes (the engine's gives hex text, as DuckDB's and
+    `md5` do), and only `length` measures bytes (`octet_length` takes text)."""
+    sql = re.sub(r"\bsha256\(([\w.]+)\)", r"encode(sha256(\1), 'hex')", sql)
+    return re.sub(r"\boctet_length\(([\w.]+)\)", r"length(\1)", sql)
+
+
 def run_upstream(ctx: Any, sql: str) -> tuple[list[tuple] | None, BaseException | None]:
     try:
-        return ctx.sql(sql).to_polars().rows(), None
+        return ctx.sql(for_upstream(sql)).to_polars().rows(), None
     except Exception as e:
         return None, e
 
@@ -319,12 +397,32 @@ def show(rows: list[tuple] | None, error: BaseException | None) -> str:
 # How the engine refuses a query shape DataFusion 55 answers with wrong rows
 # (NOT IN over a NULL, EXCEPT ALL...: engine/src/query/refuse.rs, parse.rs).
 REFUSED = "is refused: DataFusion 55"
+# How a query past the memory limit fails (DataFusion's words: the engine's
+# hint naming DATASETRT_MEMORY_LIMIT is not on every such error).
+OVER_LIMIT = "Resources exhausted"
+
+# What became of a query: it agreed with DuckDB; it was refused, holding a
+# shape the engine refuses; it needed more memory than the limit; it is
+# DataFusion's (skipped); it failed.
+AGREED, REFUSED_RIGHT, OVER_MEMORY, UPSTREAM, FAILED = (
+    "agreed",
+    "refused",
+    "over the memory limit",
+    "DataFusion's",
+    "failed",
+)
+OUTCOMES: Counter[str] = Counter()  # of this run's random queries
 
 
 def error_kind(error: BaseException) -> str:
     """A DataFusion error without its values: "Error during planning",
     "This feature is not implemented"... (the root cause: the `datafusion`
-    package wraps it in "DataFusion error:" and "caused by" lines)."""
+    package wraps it in "DataFusion error:" and "caused by" lines). A panic
+    is its message: the engine's InternalError and the package's "Join
+    Error" say it in other words."""
+    panic = re.search(r'panicked with message "([^"]*)"', str(error))
+    if panic:
+        return f"a task panicked: {panic[1]}"
     text = str(error).strip().splitlines()[-1].removeprefix("DataFusion error: ")
     kind = text.split(":", 1)[0]
     if "does not satisfy order requirements" in text:  # the plan sanity check
@@ -332,37 +430,54 @@ def error_kind(error: BaseException) -> str:
     return kind
 
 
-def check(world: World, q: dict[str, Any], where: str) -> str | None:
-    """None if the engine and DuckDB agree on query `q`, else a report.
-    Where they differ and DataFusion itself answers as the engine does (the
+Answer = tuple[list[tuple] | None, BaseException | None]
+
+
+def verdict(q: dict[str, Any], ours: Answer, theirs: Answer) -> str | None:
+    """What is wrong with the engine's answer to `q`, DuckDB's (`theirs`)
+    being right; None if nothing (both raising agree)."""
+    (got, err), (want, duck_err) = ours, theirs
+    if isinstance(err, drt.QueryError) and REFUSED in str(err):
+        return "the engine refused a query that holds no shape it refuses"
+    if err is not None and not isinstance(err, drt.DatasetRTError):
+        return f"the engine raised {type(err).__name__}, not a DatasetRTError"
+    if err is not None and duck_err is None:
+        return "only the engine raised"
+    if duck_err is not None and err is None:
+        return "only DuckDB raised"
+    if err is None and duck_err is None:
+        assert got is not None and want is not None
+        return difference(q, got, want)
+    return None
+
+
+def check(world: World, q: dict[str, Any], where: str) -> tuple[str, str | None]:
+    """What became of query `q` (`AGREED`...), with the report of a failure
+    or the reason it is DataFusion's. A refusal is right where the query
+    holds a shape the engine refuses (`refusable`), and an error saying it
+    needs more memory where the dataset has a limit. Where the engine and
+    DuckDB differ and DataFusion itself answers as the engine does (the
     same error, or the same rows), the difference is DataFusion's, not the
-    engine's: the test is skipped, saying so (`pytest -rs` lists them)."""
+    engine's."""
     sql = q["sql"]
     got, err = run_engine(world.ds, sql)
+    if isinstance(err, drt.QueryError) and REFUSED in str(err) and q.get("refusable"):
+        return REFUSED_RIGHT, None  # a shape DataFusion answers wrong: never a wrong row
+    if isinstance(err, drt.QueryError) and OVER_LIMIT in str(err) and world.memory_limit:
+        return OVER_MEMORY, None
     want, duck_err = run_duckdb(world.duck, sql)
-    what = None
-    if isinstance(err, drt.QueryError) and REFUSED in str(err):
-        return None  # a shape DataFusion answers wrong, refused: never a wrong row
-    if err is not None and not isinstance(err, drt.DatasetRTError):
-        what = f"the engine raised {type(err).__name__}, not a DatasetRTError"
-    elif err is not None and duck_err is None:
-        what = "only the engine raised"
-    elif duck_err is not None and err is None:
-        what = "only DuckDB raised"
-    elif err is None and duck_err is None:
-        assert got is not None and want is not None
-        what = difference(q, got, want)
+    what = verdict(q, (got, err), (want, duck_err))
     if what is None:
-        return None
-    if not what.startswith("the engine raised"):
+        return AGREED, None
+    if not what.startswith(("the engine raised", "the engine refused")):
         up, up_err = run_upstream(world.upstream(), sql)
         if (err is not None and up_err is not None and error_kind(err) == error_kind(up_err)) or (
             err is None and up is not None and got is not None and difference(q, got, up) is None
         ):
             cause = error_kind(up_err) if up_err else what
-            pytest.skip(f"DataFusion itself differs from DuckDB so: {cause} [{sql}]")
-    ordering = {k: q[k] for k in ("ordered", "total", "key_cols", "limited")}
-    return (
+            return UPSTREAM, f"DataFusion itself differs from DuckDB so: {cause} [{sql}]"
+    ordering = {k: q.get(k) for k in ("ordered", "total", "key_cols", "limited", "refusable")}
+    return FAILED, (
         f"{where}: {what}\nSQL: {sql}\nordering: {ordering}\n"
         f"datasetrt: {show(got, err)}\nduckdb: {show(want, duck_err)}"
     )
@@ -409,8 +524,12 @@ def test_a_random_query_agrees_with_duckdb(worlds, variant, pop_seed, seed):
     where = f"variant {variant}, population seed {pop_seed}, query seed {seed}"
     if FUZZ:
         where += f" (DATASETRT_SQL_FUZZ_SEED={FUZZ_SEED})"
-    report = check(world, q, where)
-    if report is not None:
+    outcome, report = check(world, q, where)
+    OUTCOMES[outcome] += 1
+    if outcome == UPSTREAM:
+        pytest.skip(report)
+    if outcome == FAILED:
+        assert report is not None
         if FUZZ:
             save_example(variant, pop_seed, seed, q, report)
         pytest.fail(report, pytrace=False)
@@ -426,9 +545,11 @@ def test_a_saved_failure_agrees(worlds, path):
     record = json.loads(path.read_text())
     world = worlds(record["variant"], record["population_seed"])
     for _ in range(5):
-        report = check(world, record, f"{path.name} ({record['found']})")
-        if report is not None:
-            pytest.fail(report, pytrace=False)
+        outcome, report = check(world, record, f"{path.name} ({record['found']})")
+        if outcome == UPSTREAM:
+            pytest.skip(report)
+        if outcome == FAILED:
+            pytest.fail(str(report), pytrace=False)
 
 
 def test_the_comparison_sees_a_lost_order_and_allows_what_sql_leaves_open():
@@ -455,3 +576,61 @@ def test_the_comparison_sees_a_lost_order_and_allows_what_sql_leaves_open():
     limited = {**ties, "limited": True}
     assert difference(limited, [(1, "x", 9.0)], [(1, "a", 0.5)]) is None
     assert difference(limited, [(2, "c", None)], [(1, "a", 0.5)]) is not None
+    # floats as SQL has them: a NaN equals a NaN (whatever its sign) and
+    # sorts above inf, -0.0 equals 0.0 (DuckDB keeps the -0.0 it stores)
+    nan, inf = math.nan, math.inf
+    assert difference(open_order, [(nan,), (0.0,)], [(-0.0,), (fz.NEGATIVE_NAN,)]) is None
+    assert difference(open_order, [(nan,)], [(inf,)]) is not None
+    assert difference(open_order, [(inf,)], [(-inf,)]) is not None
+    by_float = {**flags, "key_cols": [0]}
+    assert difference(by_float, [(inf,), (nan,)], [(inf,), (nan,)]) is None
+    assert difference(by_float, [(nan,), (inf,)], [(inf,), (nan,)]) is not None
+
+
+def test_the_generator_writes_each_shape_and_marks_the_refused_ones():
+    """The queries of `make test`'s seeds hold every shape the fuzzer is
+    for (over the columns of the update variant, which has them all), and a
+    query is `refusable` whenever it holds a shape the engine may refuse:
+    NOT IN or IN under IS over a subquery, EXCEPT ALL, INTERSECT ALL (an IN
+    subquery under OR or NOT, or in a select list, is not seen in the text:
+    there the engine is the check, since it refusing an unmarked query
+    fails)."""
+    columns = list(fz.META_KINDS)
+    queries = [fz.Generator(i, columns, [7, 9], False).query() for i in range(300)]
+    shapes = {
+        "NaN": "CAST('NaN' AS DOUBLE)",
+        "negative NaN": "(-CAST('NaN' AS DOUBLE))",
+        "-0.0": "(-0.0e0)",
+        "inf": "'Infinity' AS DOUBLE",
+        "NOT IN (subquery)": " NOT IN (SELECT ",
+        "IN (subquery)": " IN (SELECT ",
+        "EXCEPT ALL": " EXCEPT ALL ",
+        "INTERSECT ALL": " INTERSECT ALL ",
+        "UNION ALL": " UNION ALL ",
+        "a join on floats": "ON m.score = d.w",
+        "sort by sqrt": "ORDER BY sqrt(abs(",
+        "sort by ln": "ORDER BY ln(abs(",
+        "sort by payload keys": "ORDER BY p.cache_id ",
+        "length of a payload": "length(p.data)",
+        "octet_length": "octet_length(p.data)",
+        "md5": "md5(p.data)",
+        "sha256": "sha256(p.data)",
+    }
+    missing = [name for name, text in shapes.items() if not any(text in q.sql for q in queries)]
+    assert not missing, missing
+    refused = re.compile(r" NOT IN \(SELECT | (EXCEPT|INTERSECT) ALL |\) IS (NOT )?(TRUE|FALSE)\)")
+    for q in queries:
+        if refused.search(q.sql):
+            assert q.refusable, q.sql
+    assert 0 < sum(q.refusable for q in queries) < len(queries) // 5
+
+
+def test_a_population_may_hold_a_negative_nan(tmp_path):
+    """A float column of a negative NaN and no positive one (numpy's
+    `-np.nan`, x86's 0/0) was stored with the manifest range "f NaN 1.0",
+    the sign lost, and read back as corrupt: the root could not be opened."""
+    rows = [{"f": fz.NEGATIVE_NAN}, {"f": 1.0}]
+    ds = drt.build(tmp_path, [RowSource("nan-v1", rows, [b"a", b"b"])], progress=False)
+    got = ds.sql("SELECT f FROM metadata ORDER BY f NULLS LAST").rows()
+    assert got[0] == (1.0,) and math.isnan(got[1][0])
+    assert drt.open(tmp_path).get_metadata().height == 2  # and the root opens again

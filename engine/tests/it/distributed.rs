@@ -162,14 +162,7 @@ async fn a_select_on_workers_stores_its_partitions_on_them_and_commits_one_manif
     // the weight file, and the `f` of each partition holding a -0.0 or a
     // negative NaN: SQL reads one zero and one NaN, and stores them so
     // (docs/sql.md); a column without them keeps its file
-    let f = crate::whole(&base).unwrap();
-    let f = f
-        .column_by_name("f")
-        .unwrap()
-        .as_any()
-        .downcast_ref::<arrow::array::Float64Array>()
-        .unwrap()
-        .clone();
+    let f = float_column(&base, "f");
     let mut at = 0;
     let mut signed = 0;
     for p in 0..base.num_partitions() {
@@ -190,14 +183,7 @@ async fn a_select_on_workers_stores_its_partitions_on_them_and_commits_one_manif
     );
     assert_eq!(after.num_partitions(), base.num_partitions());
     assert_eq!(crate::identity_column(&after, 1), order);
-    let weights = crate::whole(&after).unwrap();
-    let weights = weights
-        .column_by_name("weight")
-        .unwrap()
-        .as_any()
-        .downcast_ref::<arrow::array::Float64Array>()
-        .unwrap()
-        .clone();
+    let weights = float_column(&after, "weight");
     assert_eq!(weights.value(0), 2.0);
     assert_eq!(weights.value(first), 1.0);
 
@@ -274,4 +260,11 @@ async fn a_join_with_payloads_reads_them_on_the_coordinator_from_rows_the_worker
         matches!(err, datasetrt::Error::InvalidInput { .. }),
         "{err}"
     );
+}
+
+/// Float64 column `name` of the whole of `snapshot`.
+fn float_column(snapshot: &datasetrt::Snapshot, name: &str) -> arrow::array::Float64Array {
+    let whole = crate::whole(snapshot).unwrap();
+    let column = whole.column_by_name(name).unwrap();
+    arrow::array::AsArray::as_primitive::<arrow::datatypes::Float64Type>(column).clone()
 }

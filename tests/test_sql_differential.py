@@ -42,8 +42,9 @@ engine does (the same error, or the same rows), the report says the
 difference is DataFusion's too, and the test fails all the same: SQL's
 semantics are the referee, and such a shape is fixed or refused. DuckDB
 reads each query with two names changed (`for_duckdb`): it has no
-`length` of a BLOB, so `length(p.data)` is `octet_length(p.data)` there, and its `var_pop` of one NaN or infinity is
-0, not NaN as PostgreSQL's and DataFusion's. At its end a run prints how
+`length` of a BLOB, so `length(p.data)` is `octet_length(p.data)`
+there, and its `var_pop` of one NaN or infinity is 0, not NaN as
+PostgreSQL's and DataFusion's. At its end a run prints how
 many queries agreed, were refused, ran out of memory, were DataFusion's
 and failed.
 

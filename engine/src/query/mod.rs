@@ -22,11 +22,6 @@ use datafusion::datasource::MemTable;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::functions_aggregate::min_max;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
-use datafusion::optimizer::analyzer::{Analyzer, AnalyzerRule};
-use datafusion::optimizer::{Optimizer, OptimizerRule};
-use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
-use datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
-use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 pub use self::live::{LiveQuery, SELECT_RETRIES};
@@ -153,47 +148,14 @@ impl QuerySession {
         // never matches: it panicked ("unreachable") on one. Plain
         // aggregation then a top-k sort answers the same rows.
         config.options_mut().optimizer.enable_topk_aggregation = false;
-        // long chains balanced before DataFusion's rules in each pass (they
-        // are quadratic on a left-deep chain) and after them (they rebuild
-        // conjunctions left-deep): see `exec::BalanceChains`
-        let mut rules: Vec<Arc<dyn OptimizerRule + Send + Sync>> =
-            vec![Arc::new(exec::BalanceChains)];
-        rules.extend(Optimizer::new().rules);
-        rules.push(Arc::new(exec::BalanceChains));
-        rules.push(Arc::new(exec::SortKeysAsColumns));
-        // before DataFusion's passes, one of which moves a top-k sort below
-        // a window function (`exec::LimitAboveWindows`)
-        let mut physical: Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> =
-            vec![Arc::new(exec::NoteSorts), Arc::new(exec::LimitAboveWindows)];
-        // DataFusion's sanity check runs once, last, after ours (below)
-        physical.extend(
-            PhysicalOptimizer::new()
-                .rules
-                .into_iter()
-                .filter(|rule| rule.name() != SanityCheckPlan::new().name()),
-        );
-        let mut analyzers: Vec<Arc<dyn AnalyzerRule + Send + Sync>> = vec![
-            Arc::new(exec::BalanceChains),
-            Arc::new(exec::BetweenAsComparisons),
-        ];
-        analyzers.extend(Analyzer::new().rules);
-        // after type coercion, before the optimizer folds constants
-        analyzers.push(Arc::new(exec::CanonicalFloats));
+        let rules = exec::Rules::ours();
         let state = SessionStateBuilder::new()
             .with_config(config)
             .with_runtime_env(memory::runtime(limit)?)
             .with_default_features()
-            .with_analyzer_rules(analyzers)
-            .with_optimizer_rules(rules)
-            .with_physical_optimizer_rules(physical)
-            .with_physical_optimizer_rule(Arc::new(exec::PayloadJoinRule))
-            .with_physical_optimizer_rule(Arc::new(exec::YieldingJoins))
-            .with_physical_optimizer_rule(Arc::new(exec::EnsureOrderings))
-            // DataFusion's own check that every node gets the ordering and
-            // partitioning it requires, run again after our rules: a rule or
-            // node that declares more than it delivers is a planning error,
-            // not wrong rows
-            .with_physical_optimizer_rule(Arc::new(SanityCheckPlan::new()))
+            .with_analyzer_rules(rules.analyzer)
+            .with_optimizer_rules(rules.logical)
+            .with_physical_optimizer_rules(rules.physical)
             // before `coordinate`, whose planner plans on top of it
             .with_query_planner(Arc::new(exec::WritingPlanner));
         let state = match workers.is_empty() {

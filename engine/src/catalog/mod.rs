@@ -7,7 +7,6 @@ mod cleanup;
 pub mod commit;
 pub mod lease;
 mod mirror;
-pub mod mixture;
 mod ranges;
 pub mod schedule;
 pub mod scores;
@@ -24,10 +23,9 @@ use std::sync::{Arc, RwLock};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 
-pub use mixture::Mixture;
 pub use ranges::ColumnRange;
 pub use snapshot::PartitionEntry;
-pub use snapshot::{read_manifest, Snapshot, SnapshotManifest};
+pub use snapshot::{read_manifest, Mixture, Snapshot, SnapshotManifest};
 pub use stream::{StreamRecipe, StreamWriter};
 pub use tags::TAGS_DIR;
 pub use validate::CacheBounds;
@@ -429,7 +427,7 @@ impl Dataset {
             &schema,
             &batches,
             self.partition_rows,
-            Some(&active),
+            Some(&active.prior()),
             |first_row, part, hashes| {
                 total += checks.check(first_row, part, hashes)?;
                 Ok(())
@@ -467,7 +465,7 @@ impl Dataset {
         };
         let note = match &mixture {
             Some(m) => {
-                mixture::check(&on, m)?;
+                snapshot::check_mixture(&on, m)?;
                 let shares: Vec<String> = m
                     .values()
                     .iter()
@@ -572,7 +570,7 @@ impl Dataset {
         let snapshot = Arc::new(Snapshot::open(&self.snapshot_dir, number)?);
         // a mixture carried over an update: each group of positive share
         // still has a row to draw (else the head never names this snapshot)
-        if let Some(Err(e)) = mixture.map(|m| mixture::check(&snapshot, m)) {
+        if let Some(Err(e)) = mixture.map(|m| snapshot::check_mixture(&snapshot, m)) {
             let path = self.snapshot_dir.join(Snapshot::file_name(number));
             let _ = std::fs::remove_file(&path);
             return Err(e);

@@ -645,8 +645,12 @@ impl Segments {
         };
         let sampler = match &seg.mixture {
             Some(m) => {
-                let made =
-                    super::mixture::sampler(&snapshot, m, (sampling, seed, epoch), epoch_len)?;
+                let made = super::snapshot::mixture_sampler(
+                    &snapshot,
+                    m,
+                    (sampling, seed, epoch),
+                    epoch_len,
+                )?;
                 let draws = made.mixture_draws().expect("a mixture's sampler");
                 EpochSampler::mixture(seed, epoch, Arc::new(draws.continued(seg.base.clone())))
             }

@@ -132,7 +132,7 @@ impl StreamWriter {
             &self.shape.stored,
             batches,
             vec![rows],
-            Some(self.base.as_ref()),
+            Some(&self.base.prior()),
             |_, part, hashes| checks.check(first, part, hashes).map(drop),
         )?;
         for made in part.parts() {

@@ -50,3 +50,83 @@ fn no_layer_names_a_layer_above_it() {
     }
     assert!(violations.is_empty(), "{}", violations.join("\n"));
 }
+
+/// The files of `catalog/snapshot/`, lowest first: the manifest's format
+/// below the files that store and read it, reading below the samplers.
+const SNAPSHOT_FILES: [&str; 11] = [
+    "escape",
+    "mixture",
+    "manifest",
+    "check",
+    "columns",
+    "verify",
+    "partition",
+    "write",
+    "read",
+    "groups",
+    "sampler",
+];
+
+/// The siblings `code` names as `super::name` (one name, or each of a
+/// `super::{a, b}` group).
+fn siblings_named(code: &str) -> Vec<String> {
+    let ident = |text: &str| -> String {
+        text.trim()
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut names = Vec::new();
+    for (at, _) in code.match_indices("super::") {
+        let rest = &code[at + "super::".len()..];
+        match rest.strip_prefix('{') {
+            Some(group) => {
+                let group = &group[..group.find('}').unwrap_or(group.len())];
+                names.extend(group.split(',').map(ident));
+            }
+            None => names.push(ident(rest)),
+        }
+    }
+    names
+}
+
+#[test]
+fn no_snapshot_file_names_one_above_it() {
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or(env!("CARGO_MANIFEST_DIR").into());
+    let dir = Path::new(&root).join("src/catalog/snapshot");
+    let mut found: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name != "mod.rs")
+        .collect();
+    found.sort();
+    let mut listed: Vec<String> = SNAPSHOT_FILES.iter().map(|f| format!("{f}.rs")).collect();
+    listed.sort();
+    assert_eq!(
+        found, listed,
+        "every file of catalog/snapshot/ has its place"
+    );
+    let mut violations = Vec::new();
+    for (level, file) in SNAPSHOT_FILES.iter().enumerate() {
+        let text = std::fs::read_to_string(dir.join(format!("{file}.rs"))).unwrap();
+        // a test module sets up with any file (and its `super` is the file)
+        let code = text.split("#[cfg(test)]\nmod tests").next().unwrap();
+        for name in siblings_named(code) {
+            // `super::super` is the catalog, below the folder's layer rule
+            let below = SNAPSHOT_FILES[..level].contains(&name.as_str());
+            if !below && name != "super" {
+                violations.push(format!("{file}.rs names super::{name}"));
+            }
+        }
+        if code.contains("catalog::snapshot") {
+            violations.push(format!("{file}.rs names its folder by path"));
+        }
+    }
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
+
+#[test]
+fn a_sibling_is_named_once_per_super() {
+    let names = siblings_named("use super::a::X;\nuse super::{b, c::Y};\nsuper::d::f()");
+    assert_eq!(names, ["a", "b", "c", "d"]);
+}

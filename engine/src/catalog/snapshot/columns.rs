@@ -11,9 +11,8 @@ use arrow::buffer::ScalarBuffer;
 use arrow::datatypes::{DataType, Field, Schema};
 use xxhash_rust::xxh3::Xxh3;
 
+use super::check::{mark_verified, verify_column};
 use super::manifest::{read_manifest, ColumnEntry, PartitionEntry};
-use super::verify::{mark_verified, verify_column};
-use super::Positions;
 use crate::store::chunks::{self, ChunkCheck, ChunkTable};
 use crate::store::host::records;
 use crate::store::{fs, ipc};
@@ -400,6 +399,14 @@ pub fn ensure_sidecars(dir: &Path, number: u64) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Positions of the columns every partition has.
+#[derive(Debug, Clone)]
+pub(super) struct Positions {
+    pub(super) cache: usize,
+    pub(super) sample: usize,
+    pub(super) weight: usize,
 }
 
 #[cfg(test)]

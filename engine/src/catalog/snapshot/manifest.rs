@@ -9,15 +9,23 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use xxhash_rust::xxh3::Xxh3;
 
-use super::partition::{store_partition, Known, Partitioned, MAX_PARTITION_ROWS};
-use super::Snapshot;
-use crate::catalog::mixture::{Mixture, MixtureLines};
+use super::escape::{escape, unescape};
+use super::mixture::{Mixture, MixtureLines};
 use crate::catalog::ranges::ColumnRange;
 use crate::store::checksum::{open_sealed_text, seal_text};
 use crate::store::fs;
 use crate::{Error, Result};
 
 const HEADER: &str = "datasetrt-snapshot";
+
+/// Rows of a partition are u32 (its alias table's entries): at most
+/// 2^32 - 1 of them. A population has any number of partitions.
+pub const MAX_PARTITION_ROWS: usize = u32::MAX as usize;
+
+/// The file name of snapshot `number`'s manifest.
+pub fn file_name(number: u64) -> String {
+    format!("{number:08}.snapshot")
+}
 /// Version 2 adds per-column checksums and lengths, `parent`, and escaping;
 /// version 3 partitions (`partition=<rows>` before each partition's columns);
 /// version 4 each partition's weight mass (`partition=<rows> <mass>`), so
@@ -28,44 +36,6 @@ const HEADER: &str = "datasetrt-snapshot";
 const VERSION: u32 = 5;
 /// The version of a manifest without a mixture.
 const VERSION_PLAIN: u32 = 4;
-
-/// Percent-encode `%` and control characters so that any column name or note
-/// stays on one manifest line (a newline in a metadata key once made every
-/// later `open` fail).
-pub(in crate::catalog) fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c == '%' || c.is_control() {
-            let mut buf = [0u8; 4];
-            for b in c.encode_utf8(&mut buf).bytes() {
-                let _ = write!(out, "%{b:02X}");
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-pub(in crate::catalog) fn unescape(text: &str) -> Option<String> {
-    if !text.contains('%') {
-        return Some(text.to_string());
-    }
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
 
 /// A column file as a manifest names it: content hash, and (from version 2)
 /// the CRC-32C and length of the whole file, checked before it is used.
@@ -138,34 +108,9 @@ fn fingerprint(rows: usize, names: &[String], partitions: &[(usize, &[String])])
     format!("{:032x}", h.digest128())
 }
 
-/// Write `population` as the first free snapshot number at or above
-/// `number`, created only if absent (a number another writer took is
-/// skipped, never overwritten). `parent` is the head it is committed on.
-/// Returns the number. The caller makes it the head (see `commit`). Only
-/// column files not stored yet are written: an update that changes a few
-/// partitions writes only their changed columns.
-pub fn publish(
-    dir: &Path,
-    population: &Partitioned,
-    number: u64,
-    note: &str,
-    parent: Option<u64>,
-    mixture: Option<&Mixture>,
-) -> Result<u64> {
-    let mut known = Known::of_parent(dir, parent);
-    let partitions = population
-        .parts()
-        .map(|part| {
-            let (batch, hashes) = part?;
-            store_partition(dir, &batch, hashes, &mut known)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    write_manifest(dir, &partitions, number, note, parent, mixture)
-}
-
 /// Write the manifest of a population of `partitions` (their column files
 /// stored) as the first free snapshot number at or above `number` (see
-/// [`publish`]).
+/// `write::publish`).
 pub(in crate::catalog) fn write_manifest(
     dir: &Path,
     partitions: &[PartitionEntry],
@@ -217,11 +162,11 @@ pub(in crate::catalog) fn write_manifest(
     }
     let text = seal_text(&body);
 
-    let tmp = fs::temp_sibling(&dir.join(Snapshot::file_name(number)));
+    let tmp = fs::temp_sibling(&dir.join(file_name(number)));
     fs::write_synced(&tmp, text.as_bytes())?;
     let mut n = number;
     loop {
-        let path = dir.join(Snapshot::file_name(n));
+        let path = dir.join(file_name(n));
         match std::fs::hard_link(&tmp, &path) {
             Ok(()) => break,
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => n += 1,
@@ -282,7 +227,7 @@ pub fn manifest_columns(dir: &Path, number: u64) -> Result<Vec<String>> {
 
 /// Read and check the manifest of snapshot `number` in `dir`.
 pub fn read_manifest(dir: &Path, number: u64) -> Result<SnapshotManifest> {
-    let path = dir.join(Snapshot::file_name(number));
+    let path = dir.join(file_name(number));
     let raw = std::fs::read(&path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::NotFound {
             what: "metadata snapshot",
@@ -572,7 +517,7 @@ mod tests {
     fn a_damaged_or_cut_short_manifest_is_refused_as_corrupt() {
         let dir = tempfile::tempdir().unwrap();
         write_manifest(dir.path(), &[partition(5, 5.0, 1)], 0, "n", None, None).unwrap();
-        let path = dir.path().join(Snapshot::file_name(0));
+        let path = dir.path().join(file_name(0));
         let good = std::fs::read(&path).unwrap();
         // every byte before the checksum line is sealed by it
         let sealed = good.windows(9).rposition(|w| w == b"checksum=").unwrap();
@@ -598,7 +543,7 @@ mod tests {
     fn a_manifest_of_a_newer_format_is_refused_as_unsupported() {
         let dir = tempfile::tempdir().unwrap();
         let newer = seal_text(&format!("{HEADER} {}\nrows=0\n", VERSION + 1));
-        std::fs::write(dir.path().join(Snapshot::file_name(0)), newer).unwrap();
+        std::fs::write(dir.path().join(file_name(0)), newer).unwrap();
         match read_manifest(dir.path(), 0) {
             Err(Error::UnsupportedVersion {
                 found, supported, ..
@@ -662,37 +607,5 @@ mod tests {
             let refused = partition_line("partition", mass, PARTITION_LINES, &mut Vec::new());
             assert!(refused.is_err(), "{mass:?}");
         }
-    }
-
-    #[test]
-    fn any_name_escaped_stays_on_one_line_and_unescapes_to_itself() {
-        for name in [
-            "plain",
-            "",
-            "tab\there",
-            "new\nline",
-            "cr\r\n",
-            "back\\slash\\",
-            "100%",
-            "%41",
-            "trailing%",
-            "\u{7f}del and \u{85}next line",
-            "été ✓ 名前",
-        ] {
-            let escaped = escape(name);
-            assert!(!escaped.chars().any(char::is_control), "{escaped:?}");
-            assert_eq!(unescape(&escaped).as_deref(), Some(name));
-        }
-        // only `%` and control characters change
-        assert_eq!(escape("a b\\c=d"), "a b\\c=d");
-        assert_eq!(escape("a\tb%"), "a%09b%25");
-    }
-
-    #[test]
-    fn a_bad_escape_is_refused() {
-        for bad in ["%", "%4", "%G1", "50%!", "%FF", "%C3", "%%41"] {
-            assert_eq!(unescape(bad), None, "{bad:?}");
-        }
-        assert_eq!(unescape("%C3%A9t%C3%A9").as_deref(), Some("été"));
     }
 }

@@ -1,17 +1,14 @@
-//! Cutting a new population into partitions, hashing each partition's
-//! columns, and storing a partition's column files.
+//! Cutting a new population into partitions and hashing each partition's
+//! columns (stored by `write`).
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{Array, ArrayData, ArrayRef, AsArray, RecordBatch};
-use arrow::datatypes::{DataType, Float64Type, SchemaRef};
+use arrow::datatypes::{DataType, SchemaRef};
 
-use super::columns::{column_hash, fixed_width, store_columns, StoredChecksums};
-use super::manifest::{read_manifest, ColumnEntry, PartitionEntry};
-use super::Snapshot;
-use crate::catalog::ranges::ColumnRange;
+use super::columns::{column_hash, fixed_width};
+use super::manifest::MAX_PARTITION_ROWS;
 use crate::Unpoison;
 use crate::{Error, Result};
 
@@ -28,9 +25,15 @@ pub fn default_partition_rows() -> usize {
         .min(MAX_PARTITION_ROWS)
 }
 
-/// Rows of a partition are u32 (its alias table's entries): at most
-/// 2^32 - 1 of them. A population has any number of partitions.
-pub const MAX_PARTITION_ROWS: usize = u32::MAX as usize;
+/// What cutting a new population knows of the active snapshot (see
+/// [`Partitioned::new`]): the rows of each of its partitions, and the
+/// content hash of each of its mapped fixed-width arrays by the address of
+/// its values.
+#[derive(Debug, Default)]
+pub struct Prior<'a> {
+    pub(super) partition_rows: Vec<usize>,
+    pub(super) hashes: KnownHashes<'a>,
+}
 
 /// A new population cut into partitions, each column of each hashed: what
 /// `publish` stores. It holds the rows as given and where each partition
@@ -70,7 +73,7 @@ impl Partitioned {
         schema: &SchemaRef,
         batches: &[RecordBatch],
         per: usize,
-        known: Option<&Snapshot>,
+        known: Option<&Prior<'_>>,
         check: impl FnMut(usize, &RecordBatch, &[String]) -> Result<()>,
     ) -> Result<Partitioned> {
         let sizes = cut(batches, per, known);
@@ -83,10 +86,11 @@ impl Partitioned {
         schema: &SchemaRef,
         batches: &[RecordBatch],
         sizes: Vec<usize>,
-        known: Option<&Snapshot>,
+        known: Option<&Prior<'_>>,
         mut check: impl FnMut(usize, &RecordBatch, &[String]) -> Result<()>,
     ) -> Result<Partitioned> {
-        let by_address = known.map(Snapshot::hashes_by_address).unwrap_or_default();
+        let empty = KnownHashes::new();
+        let by_address = known.map_or(&empty, |k| &k.hashes);
         // a window of partitions is hashed on the engine's threads together
         let window = crate::threads().clamp(1, 4);
         let mut parts = Cuts::new(schema, batches, &sizes);
@@ -97,7 +101,7 @@ impl Partitioned {
             if made.is_empty() {
                 break;
             }
-            for (part, h) in made.iter().zip(hash_partitions(&made, &by_address)) {
+            for (part, h) in made.iter().zip(hash_partitions(&made, by_address)) {
                 check(first_row, part, &h)?;
                 first_row += part.num_rows();
                 hashes.push(h);
@@ -127,7 +131,7 @@ impl Partitioned {
 }
 
 /// The rows of each partition of `batches` (see [`Partitioned::new`]).
-fn cut(batches: &[RecordBatch], per: usize, known: Option<&Snapshot>) -> Vec<usize> {
+fn cut(batches: &[RecordBatch], per: usize, known: Option<&Prior<'_>>) -> Vec<usize> {
     let per = per.max(1);
     // a population no larger than `known` (a reweight, a filter) is cut
     // as `known` is, then in partitions of `per` rows: a reweight then
@@ -136,12 +140,14 @@ fn cut(batches: &[RecordBatch], per: usize, known: Option<&Snapshot>) -> Vec<usi
     // made; a larger one, or one whose partitions are larger than `per`
     // (the setting was lowered), is cut every `per` rows
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-    let fits = |s: &Snapshot| (0..s.num_partitions()).all(|p| s.partition_rows(p) <= per);
-    let known: Vec<usize> = match known {
-        Some(s) if rows <= s.num_rows() && fits(s) => (0..s.num_partitions())
-            .map(|p| s.partition_rows(p))
-            .collect(),
-        _ => Vec::new(),
+    let known: &[usize] = match known {
+        Some(k)
+            if rows <= k.partition_rows.iter().sum()
+                && k.partition_rows.iter().all(|&r| r <= per) =>
+        {
+            &k.partition_rows
+        }
+        _ => &[],
     };
     let mut sizes = Vec::new();
     let mut left = rows;
@@ -351,108 +357,9 @@ fn hash_partitions(parts: &[RecordBatch], known: &KnownHashes<'_>) -> Vec<Vec<St
         .collect()
 }
 
-/// What a writer knows of column files already stored, by content hash:
-/// their checksums, the mass of each weight column and the range of each
-/// column (from a parent's manifest and the partitions stored before).
-#[derive(Debug, Default)]
-pub(in crate::catalog) struct Known {
-    checksums: HashMap<String, StoredChecksums>,
-    masses: HashMap<String, f64>,
-    ranges: HashMap<String, Option<ColumnRange>>,
-    /// Files written are not recorded as checked for the host: they are
-    /// linked elsewhere before anyone reads them, which changes the file
-    /// version such a record names (see `assemble::prepare`).
-    pub(in crate::catalog) unrecorded: bool,
-}
-
-impl Known {
-    /// What the manifest of snapshot `parent` in `dir` records (nothing if
-    /// it cannot be read: every file is then checked from disk).
-    pub(in crate::catalog) fn of_parent(dir: &Path, parent: Option<u64>) -> Known {
-        let mut known = Known::default();
-        if let Some(manifest) = parent.and_then(|p| read_manifest(dir, p).ok()) {
-            known.add(&manifest.partitions);
-        }
-        known
-    }
-
-    /// The checksums of the column files known, by content hash.
-    pub(in crate::catalog) fn checksums(&self) -> &HashMap<String, StoredChecksums> {
-        &self.checksums
-    }
-
-    /// Learn what `partitions` (as a manifest names them) record.
-    pub(in crate::catalog) fn add(&mut self, partitions: &[PartitionEntry]) {
-        for part in partitions {
-            for c in &part.columns {
-                if let (Some(crc), Some(len)) = (c.crc, c.len) {
-                    self.checksums.insert(c.hash.clone(), (crc, len));
-                }
-                if c.range.is_some() {
-                    self.ranges.insert(c.hash.clone(), c.range);
-                }
-            }
-            let weight = part.columns.iter().find(|c| c.name == "weight");
-            if let (Some(mass), Some(weight)) = (part.mass, weight) {
-                self.masses.insert(weight.hash.clone(), mass);
-            }
-        }
-    }
-}
-
-/// Store the columns of partition `batch` (content hashes `hashes`) under
-/// `dir/columns`, writing only those not stored yet, and describe it as a
-/// manifest names it: rows, weight mass, and each column's file and range.
-pub(in crate::catalog) fn store_partition(
-    dir: &Path,
-    batch: &RecordBatch,
-    hashes: &[String],
-    known: &mut Known,
-) -> Result<PartitionEntry> {
-    let schema = batch.schema();
-    let weight_at = schema
-        .index_of("weight")
-        .map_err(|_| Error::invalid("a population needs a weight column"))?;
-    let stored = store_columns(dir, batch, hashes, &known.checksums, !known.unrecorded)?;
-    let weight_hash = &hashes[weight_at];
-    let mass = match known.masses.get(weight_hash) {
-        Some(&mass) => mass,
-        None => {
-            let weights = batch
-                .column(weight_at)
-                .as_primitive_opt::<Float64Type>()
-                .ok_or_else(|| Error::invalid("a population's weight column is Float64"))?;
-            let mass = crate::sample::mass(weights.values());
-            known.masses.insert(weight_hash.clone(), mass);
-            mass
-        }
-    };
-    let mut columns = Vec::with_capacity(stored.len());
-    for (k, (field, (hash, crc, len))) in schema.fields().iter().zip(stored).enumerate() {
-        known.checksums.insert(hash.clone(), (crc, len));
-        let range = *known
-            .ranges
-            .entry(hash.clone())
-            .or_insert_with(|| ColumnRange::of(batch.column(k)));
-        columns.push(ColumnEntry {
-            hash,
-            name: field.name().clone(),
-            crc: Some(crc),
-            len: Some(len),
-            range,
-        });
-    }
-    Ok(PartitionEntry {
-        rows: batch.num_rows(),
-        mass: Some(mass),
-        columns,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::snapshot::{publish, write_manifest, COLUMNS_DIR};
     use arrow::array::{Float64Array, Int64Array, StringArray};
     use arrow::datatypes::{Field, Int64Type, Schema};
 
@@ -616,82 +523,5 @@ mod tests {
             s.iter().collect::<Vec<_>>(),
             [Some("a"), Some("bb"), Some("dddd"), Some("e")]
         );
-    }
-
-    #[test]
-    fn a_stored_partition_records_its_rows_mass_ranges_and_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let batch = rows(0..5);
-        let hashes = hash_partitions(std::slice::from_ref(&batch), &HashMap::new()).remove(0);
-        let mut known = Known::default();
-        let entry = store_partition(dir.path(), &batch, &hashes, &mut known).unwrap();
-        assert_eq!(entry.rows, 5);
-        // weights 1 + 2 + 3 + 4 + 5
-        assert_eq!(entry.mass, Some(15.0));
-        let names: Vec<&str> = entry.columns.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(names, ["cache_id", "sample_id", "weight"]);
-        assert_eq!(entry.columns[0].range, Some(ColumnRange::Int(7, 7)));
-        assert_eq!(entry.columns[1].range, Some(ColumnRange::Int(0, 4)));
-        assert_eq!(entry.columns[2].range, Some(ColumnRange::Float(1.0, 5.0)));
-        for (c, hash) in entry.columns.iter().zip(&hashes) {
-            assert_eq!(&c.hash, hash);
-            let file = dir.path().join(COLUMNS_DIR).join(format!("{hash}.arrow"));
-            assert_eq!(std::fs::metadata(&file).unwrap().len(), c.len.unwrap());
-            let checksums = known.checksums().get(hash).copied();
-            assert_eq!(checksums, Some((c.crc.unwrap(), c.len.unwrap())));
-        }
-        // a writer on this snapshot knows its files from the manifest
-        let n =
-            write_manifest(dir.path(), std::slice::from_ref(&entry), 0, "", None, None).unwrap();
-        assert_eq!(
-            Known::of_parent(dir.path(), Some(n)).checksums(),
-            known.checksums()
-        );
-        // and nothing of a parent it cannot read
-        assert!(Known::of_parent(dir.path(), Some(n + 1))
-            .checksums()
-            .is_empty());
-        // a population without weights is refused
-        let unweighted = batch.project(&[0, 1]).unwrap();
-        let refused = store_partition(dir.path(), &unweighted, &hashes[..2], &mut known);
-        assert!(
-            matches!(refused, Err(Error::InvalidInput { .. })),
-            "{refused:?}"
-        );
-    }
-
-    #[test]
-    fn a_population_no_larger_than_its_snapshot_is_cut_as_the_snapshot_was() {
-        let dir = tempfile::tempdir().unwrap();
-        let batches = [rows(0..10)];
-        let made = Partitioned::new(&schema(), &batches, 4, None, |_, _, _| Ok(())).unwrap();
-        let n = publish(dir.path(), &made, 0, "", None, None).unwrap();
-        let snapshot = Snapshot::open(dir.path(), n).unwrap();
-        let sizes: Vec<usize> = (0..snapshot.num_partitions())
-            .map(|p| snapshot.partition_rows(p))
-            .collect();
-        assert_eq!(sizes, [4, 4, 2]);
-        // a reweight or a filter is cut as the snapshot is, whatever `per` is now
-        assert_eq!(cut(&batches, 6, Some(&snapshot)), [4, 4, 2]);
-        assert_eq!(cut(&[rows(0..7)], 6, Some(&snapshot)), [4, 3]);
-        // more rows, or partitions larger than `per` (lowered): every `per` rows
-        assert_eq!(cut(&[rows(0..11)], 6, Some(&snapshot)), [6, 5]);
-        assert_eq!(cut(&batches, 3, Some(&snapshot)), [3, 3, 3, 1]);
-        // the snapshot's own columns handed back: the same partitions and files
-        let again = Partitioned::new(
-            &schema(),
-            snapshot.batches().unwrap(),
-            6,
-            Some(&snapshot),
-            |_, _, _| Ok(()),
-        )
-        .unwrap();
-        let stored: Vec<Vec<String>> = snapshot
-            .partition_entries()
-            .iter()
-            .map(|p| p.columns.iter().map(|c| c.hash.clone()).collect())
-            .collect();
-        let hashed: Vec<Vec<String>> = again.parts().map(|p| p.unwrap().1.to_vec()).collect();
-        assert_eq!(hashed, stored);
     }
 }

@@ -8,13 +8,14 @@ use arrow::array::AsArray;
 use arrow::buffer::ScalarBuffer;
 use arrow::datatypes::{Field, Float64Type};
 
+use super::columns::Positions;
 use super::columns::{open_part_column, COLUMNS_DIR};
+use super::groups;
 use super::manifest::PartitionEntry;
-use super::{Positions, Snapshot};
-use crate::catalog::mixture::Mixture;
+use super::mixture::Mixture;
+use super::read::Snapshot;
 use crate::sample::{
     mass, AliasTable, DrawPlan, EpochSampler, PartitionSource, PartitionedWeights, Sampling,
-    Weights,
 };
 use crate::store::CacheSet;
 use crate::Unpoison;
@@ -92,38 +93,18 @@ impl PartitionSource for WeightTables {
 
 pub const NO_ROW: u64 = u64::MAX;
 
-/// (by the mixture, sampling, seed, epoch, epoch_len)
-pub(super) type SamplerKey = (bool, Sampling, u64, u64, u64);
-
 /// Samplers a snapshot keeps: this epoch's and the next one's (the remote
 /// read-ahead plans past the epoch's end).
 const KEPT_SAMPLERS: usize = 2;
 
 impl Snapshot {
-    /// The weight column whole (a slice per partition), every chunk checked.
-    pub fn weights(&self) -> Result<Weights<'_>> {
-        let parts = self
-            .partitions
-            .iter()
-            .map(|part| {
-                Ok(self
-                    .column(part, self.weight_col)?
-                    .whole()?
-                    .as_primitive::<Float64Type>()
-                    .values()
-                    .as_ref())
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Weights::new(parts))
-    }
-
     /// Draws per epoch of `sampling` over this population: `epoch_len` when
     /// given, else the mode's default (the population's size, or for
     /// `balanced` the classes times the largest class).
     pub fn epoch_len(&self, sampling: Sampling, epoch_len: Option<u64>) -> Result<u64> {
         match (epoch_len, &self.mixture) {
             (Some(len), _) => Ok(len),
-            (None, Some(m)) => crate::catalog::mixture::default_epoch_len(self, m),
+            (None, Some(m)) => groups::default_epoch_len(self, m),
             (None, None) => sampling.default_epoch_len(self.rows, &|| self.weights()),
         }
     }
@@ -177,9 +158,7 @@ impl Snapshot {
             return Ok(sampler.clone());
         }
         let sampler = match mixture {
-            Some(m) => {
-                crate::catalog::mixture::sampler(self, m, (sampling, seed, epoch), epoch_len)?
-            }
+            Some(m) => groups::sampler(self, m, (sampling, seed, epoch), epoch_len)?,
             None => {
                 let partitioned = match sampling {
                     Sampling::Replacement | Sampling::Balanced => Some(self.partitioned()?),

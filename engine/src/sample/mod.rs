@@ -13,9 +13,9 @@ mod weights;
 
 pub use alias::AliasTable;
 pub use mixture::{Group, Interleave, MixtureDraws, Shares, MAX_GROUPS, SHARE_WHOLE};
-pub use modes::{EpochSampler, Permutation, Sampling, DRAW_SCHEME};
+pub use modes::{EpochSampler, Sampling, DRAW_SCHEME};
 pub use partitioned::{PartitionSource, PartitionedWeights};
 pub use plan::DrawPlan;
-pub use rng::{draw_bits, mix_key, unit_f64};
+pub use rng::{draw_bits, mix_key, unit_f64, Permutation};
 pub use shape::{Shape, Shaping};
 pub use weights::{mass, Weights};

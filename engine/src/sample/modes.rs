@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::mixture::MixtureDraws;
 use super::partitioned::PartitionedWeights;
-use super::rng::{draw_bits, mix64, unit_f64};
+use super::rng::{draw_bits, mix64, unit_f64, Permutation};
 use super::Weights;
 use crate::{Error, Result};
 
@@ -95,56 +95,6 @@ impl Sampling {
             }
             _ => rows as u64,
         })
-    }
-}
-
-/// A seeded bijection of `0..n`: a 4-round Feistel network on the smallest
-/// even-bit domain that holds `n`, with cycle walking. O(1) memory.
-#[derive(Debug, Clone)]
-pub struct Permutation {
-    n: u64,
-    half_bits: u32,
-    mask: u64,
-    keys: [u64; 4],
-}
-
-impl Permutation {
-    pub fn new(n: u64, key: u64) -> Permutation {
-        let bits = 64 - n.saturating_sub(1).leading_zeros();
-        let half_bits = bits.div_ceil(2);
-        let mut keys = [0u64; 4];
-        for (i, k) in keys.iter_mut().enumerate() {
-            *k = mix64(key ^ (0xa076_1d64_78bd_642f_u64.wrapping_mul(i as u64 + 1)));
-        }
-        Permutation {
-            n,
-            half_bits,
-            mask: (1u64 << half_bits) - 1,
-            keys,
-        }
-    }
-
-    fn round_trip(&self, x: u64) -> u64 {
-        let h = self.half_bits;
-        let (mut l, mut r) = (x >> h, x & self.mask);
-        for k in self.keys {
-            let t = l ^ (mix64(r ^ k) & self.mask);
-            l = r;
-            r = t;
-        }
-        (l << h) | r
-    }
-
-    /// The image of `i < n`.
-    pub fn apply(&self, i: u64) -> u64 {
-        debug_assert!(i < self.n);
-        let mut x = i;
-        loop {
-            x = self.round_trip(x);
-            if x < self.n {
-                return x;
-            }
-        }
     }
 }
 

@@ -30,8 +30,8 @@ use std::sync::OnceLock;
 use arrow::buffer::ScalarBuffer;
 
 use super::alias::AliasTable;
-use super::modes::Permutation;
 use super::rng::mix64;
+use super::rng::Permutation;
 use crate::{Error, Result};
 
 /// Salt of the bits a draw's row in its partition takes (the partition's

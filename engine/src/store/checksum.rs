@@ -17,6 +17,11 @@ use crc_fast::{CrcAlgorithm, Digest};
 
 use crate::{Error, Result};
 
+/// Bytes per checked chunk: a loader's draw reads 8 bytes of a column and
+/// checks the 64 KiB around them once (16 pages), a batch of 256 draws a few
+/// MiB; a sidecar is 1/16384 of its file.
+pub const CHUNK: usize = 64 << 10;
+
 /// CRC-32C of `bytes`.
 pub fn crc32c(bytes: &[u8]) -> u32 {
     // The 32-bit algorithm's value always fits in the low 32 bits.
@@ -56,7 +61,7 @@ pub fn crc32c_file(path: &std::path::Path) -> std::io::Result<(u32, u64)> {
 }
 
 /// A writer that passes bytes on and keeps the CRC-32C and length of all it
-/// wrote, and the CRC-32C of every [`CHUNK`](super::chunks::CHUNK), so a
+/// wrote, and the CRC-32C of every [`CHUNK`], so a
 /// file's checksums cost no second read.
 pub struct CrcWriter<W> {
     inner: W,
@@ -80,7 +85,7 @@ impl<W> CrcWriter<W> {
     /// The inner writer, the CRC-32C and the length of everything written,
     /// and the CRC-32C of each chunk of it.
     pub fn finish(mut self) -> (W, u32, u64, Vec<u32>) {
-        if !self.len.is_multiple_of(super::chunks::CHUNK as u64) {
+        if !self.len.is_multiple_of(CHUNK as u64) {
             self.chunks.push(self.chunk.finalize() as u32);
         }
         (
@@ -92,7 +97,6 @@ impl<W> CrcWriter<W> {
     }
 
     fn account(&mut self, mut bytes: &[u8]) {
-        use super::chunks::CHUNK;
         self.digest.update(bytes);
         while !bytes.is_empty() {
             let room = CHUNK - (self.len % CHUNK as u64) as usize;

@@ -25,10 +25,7 @@ use super::checksum::{crc32c, seal_bytes, unseal_bytes};
 use super::host::records::HostBits;
 use crate::{Error, Result};
 
-/// Bytes per checked chunk: a loader's draw reads 8 bytes of a column and
-/// checks the 64 KiB around them once (16 pages), a batch of 256 draws a few
-/// MiB; a sidecar is 1/16384 of its file.
-pub const CHUNK: usize = 64 << 10;
+pub use super::checksum::CHUNK;
 
 const MAGIC: [u8; 8] = *b"DRTCHUNK";
 const VERSION: u32 = 1;

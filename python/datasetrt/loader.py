@@ -144,10 +144,10 @@ class Batch(HtmlRepr):
 
     def _typed(self) -> records.Reader:
         if self._records is None:
-            # the label holds the native batch, not this one: a Batch that
+            # the reader holds the native batch, not this one: a Batch that
             # held itself through its reader would be a cycle, freed only by
             # the garbage collector (whose runs cost a loop ~10 % at 768 KiB)
-            self._records = records.Reader(self._native, functools.partial(_label, self._native))
+            self._records = records.Reader(self._native)
         return self._records
 
     @property
@@ -323,8 +323,3 @@ class Loader(HtmlRepr):
     def metrics(self) -> str:
         """The plan with its metrics so far: rows, payload bytes, read time."""
         return self._native.metrics()
-
-
-def _label(native: Any, row: int) -> str:
-    """Row `row` of a batch, as errors name it."""
-    return f"cache {native.cache_id()[row]} sample {native.sample_id()[row]}"

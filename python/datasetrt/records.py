@@ -272,14 +272,18 @@ def field_array(buffer: Any, field: tuple[Any, tuple[int, ...], int, int]) -> np
 
 class Reader:
     """The typed fields of one loader batch (what ``Batch.tensor`` and
-    friends use): `native` is the batch's ``_native.Batch``; `label` names
-    a row in errors."""
+    friends use): `native` is the batch's ``_native.Batch``."""
 
-    def __init__(self, native: Any, label: Any):
+    __slots__ = ("_layout", "_native", "_views")
+
+    def __init__(self, native: Any):
         self._native: _native.Batch = native
-        self.label = label
         self._views: list[memoryview] | None = None
         self._layout: Layout | None = None
+
+    def label(self, row: int) -> str:
+        """Row `row` of the batch, as errors name it."""
+        return f"cache {self._native.cache_id()[row]} sample {self._native.sample_id()[row]}"
 
     def views(self) -> list[memoryview]:
         if self._views is None:
@@ -292,13 +296,10 @@ class Reader:
         if row >= len(self._native):
             raise InvalidInputError("an empty batch has no fields")
         last = _LAST[0]
-        if (
-            row == 0
-            and last is not None
-            and self._native.first_unlike(last.header, last.end) is None
-        ):
-            # every row has the last batch's header, and so its layout: one
-            # native pass over the rows, no header read or parsed
+        native = self._native
+        if row == 0 and last is not None and native.first_unlike(last.header, last.end, 1) is None:
+            # row 0 has the last batch's header, and so its layout: no
+            # header read or parsed (a gather checks every row's)
             self._layout = last
             return last
         try:

@@ -327,11 +327,19 @@ impl PyBatch {
         Ok((PyBytes::new(py, &value[..n.min(value.len())]), value.len()))
     }
 
-    /// The first row whose payload does not begin with `header` or is
-    /// shorter than `end` bytes; `None` when every row's does and is (the
-    /// check of a typed field: rows alike share row 0's header).
-    fn first_unlike(&self, header: &[u8], end: usize) -> Option<usize> {
-        records::first_unlike(self.batch.column(DATA).as_binary_view(), header, end)
+    /// The first row (of the first `rows`, else of all) whose payload does
+    /// not begin with `header` or is shorter than `end` bytes; `None` when
+    /// every such row's does and is (the check of a typed field: rows
+    /// alike share row 0's header).
+    #[pyo3(signature = (header, end, rows=None))]
+    fn first_unlike(&self, header: &[u8], end: usize, rows: Option<usize>) -> Option<usize> {
+        let data = self.batch.column(DATA).as_binary_view();
+        match rows {
+            Some(rows) if rows < data.len() => {
+                records::first_unlike(&data.slice(0, rows), header, end)
+            }
+            _ => records::first_unlike(data, header, end),
+        }
     }
 
     /// Row `row`'s typed-record layout, its header read whole however long:
@@ -387,7 +395,7 @@ impl PyBatch {
                 "gather_into: {capacity} bytes at {address:#x} are not {rows} rows of {len}"
             )));
         }
-        if let Some(row) = self.first_unlike(header, start + len) {
+        if let Some(row) = self.first_unlike(header, start + len, None) {
             return Ok(Some(row));
         }
         if !fresh && !writable(address, capacity) {

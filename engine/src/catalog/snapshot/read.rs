@@ -514,15 +514,16 @@ impl Snapshot {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::catalog::snapshot::partition::Partitioned;
     use crate::catalog::snapshot::write::publish;
     use arrow::array::{Float64Array, Int32Array, Int64Array};
     use arrow::datatypes::{DataType, Float64Type};
 
-    /// Rows of `(cache_id, sample_id, weight)`.
-    fn population(rows: &[(i64, i64, f64)]) -> RecordBatch {
+    /// Rows of `(cache_id, sample_id, weight)` (the snapshot folder's
+    /// tests' population).
+    pub(in crate::catalog::snapshot) fn population(rows: &[(i64, i64, f64)]) -> RecordBatch {
         let schema = Arc::new(Schema::new(vec![
             Field::new("cache_id", DataType::Int64, false),
             Field::new("sample_id", DataType::Int64, false),

@@ -286,26 +286,13 @@ mod tests {
     use crate::catalog::snapshot::{
         column_hash, publish, store_partition, write_manifest, Known, Partitioned,
     };
-    use arrow::array::{Float64Array, Int64Array, RecordBatch};
-    use arrow::datatypes::{DataType, Schema};
+    use arrow::array::RecordBatch;
     use std::path::Path;
 
     /// Samples `0..weights.len()` of cache 1, weighing `weights`.
     fn population(weights: &[f64]) -> RecordBatch {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("cache_id", DataType::Int64, false),
-            Field::new("sample_id", DataType::Int64, false),
-            Field::new("weight", DataType::Float64, false),
-        ]));
-        RecordBatch::try_new(
-            schema,
-            vec![
-                Arc::new(Int64Array::from(vec![1i64; weights.len()])),
-                Arc::new(Int64Array::from_iter_values(0..weights.len() as i64)),
-                Arc::new(Float64Array::from(weights.to_vec())),
-            ],
-        )
-        .unwrap()
+        let rows: Vec<(i64, i64, f64)> = (0..).zip(weights).map(|(s, &w)| (1, s, w)).collect();
+        crate::catalog::snapshot::read::tests::population(&rows)
     }
 
     /// `weights` published in partitions of `per` rows in `dir`, opened.

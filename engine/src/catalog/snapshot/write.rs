@@ -139,32 +139,14 @@ pub(in crate::catalog) fn store_partition(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use arrow::array::{Float64Array, Int64Array};
-    use arrow::datatypes::{DataType, Field, Schema};
-
     use super::*;
     use crate::catalog::snapshot::columns::{column_hash, COLUMNS_DIR};
+    use crate::catalog::snapshot::read::tests::population;
 
     /// Samples `range` of cache 7, sample `i` weighing `i + 1`.
     fn rows(range: std::ops::Range<i64>) -> RecordBatch {
-        let samples: Vec<i64> = range.collect();
-        let weights: Vec<f64> = samples.iter().map(|&s| (s + 1) as f64).collect();
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("cache_id", DataType::Int64, false),
-            Field::new("sample_id", DataType::Int64, false),
-            Field::new("weight", DataType::Float64, false),
-        ]));
-        RecordBatch::try_new(
-            schema,
-            vec![
-                Arc::new(Int64Array::from(vec![7i64; samples.len()])),
-                Arc::new(Int64Array::from(samples)),
-                Arc::new(Float64Array::from(weights)),
-            ],
-        )
-        .unwrap()
+        let rows: Vec<(i64, i64, f64)> = range.map(|s| (7, s, (s + 1) as f64)).collect();
+        population(&rows)
     }
 
     #[test]

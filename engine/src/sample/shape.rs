@@ -104,13 +104,7 @@ impl Shaping {
     /// rows serves the rank and the water-filling (every shape's raw
     /// weight grows with the score).
     pub fn weights(&self, scores: &[f64]) -> Vec<f64> {
-        let mut sorted: Vec<(f64, u32)> = scores
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| !s.is_nan())
-            .map(|(i, &s)| (s, i as u32))
-            .collect();
-        sorted.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+        let sorted = scored_in_order(scores);
         let raw = self.raw(&sorted);
         let q = water_fill(&raw, self.k_cap());
         let (f, a) = (self.floor, self.anneal);
@@ -142,6 +136,62 @@ impl Shaping {
             Shape::Rank => percent_rank(sorted),
         }
     }
+}
+
+/// The rows of `scores` that have one (not NaN) as `(score, row)`, in
+/// ascending `total_cmp` order (-0.0 before 0.0), rows of equal scores in
+/// row order. Many rows (a loop's population) are first dealt into buckets
+/// by where their score lies between the least and the greatest (a
+/// monotone map: a bucket's scores all precede the next one's), each then
+/// sorted where it fits in cache (10^7 rows: 0.42 s where one comparison
+/// sort took 0.75-0.85 s, release build).
+fn scored_in_order(scores: &[f64]) -> Vec<(f64, u32)> {
+    let by_score = |a: &(f64, u32), b: &(f64, u32)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
+    let scored = scores.iter().filter(|s| !s.is_nan()).count();
+    if scored < 1 << 16 {
+        let mut items: Vec<(f64, u32)> = (0..)
+            .zip(scores)
+            .filter(|(_, s)| !s.is_nan())
+            .map(|(i, &s)| (s, i))
+            .collect();
+        items.sort_unstable_by(by_score);
+        return items;
+    }
+    let finite = scores.iter().filter(|s| s.is_finite());
+    let (low, high) = finite.fold((f64::MAX, f64::MIN), |(l, h), &s| (l.min(s), h.max(s)));
+    let buckets = (scored / 1024).next_power_of_two();
+    let last = buckets - 1;
+    let scale = match high > low {
+        true => buckets as f64 / (high - low),
+        false => 0.0,
+    };
+    // -inf first, +inf last, a finite score by its place in [low, high]
+    // (an infinite `scale`, from a span past f64::MAX, is monotone too)
+    let bucket = |s: f64| match s {
+        f64::NEG_INFINITY => 0,
+        f64::INFINITY => last,
+        _ => (((s - low) * scale) as usize).min(last),
+    };
+    let mut starts = vec![0usize; buckets + 1];
+    for &s in scores.iter().filter(|s| !s.is_nan()) {
+        starts[bucket(s) + 1] += 1;
+    }
+    for i in 1..=buckets {
+        starts[i] += starts[i - 1];
+    }
+    let mut items = vec![(0.0, 0u32); scored];
+    let mut next = starts.clone();
+    for (row, &s) in (0..).zip(scores) {
+        if !s.is_nan() {
+            let b = bucket(s);
+            items[next[b]] = (s, row);
+            next[b] += 1;
+        }
+    }
+    for window in starts.windows(2) {
+        items[window[0]..window[1]].sort_unstable_by(by_score);
+    }
+    items
 }
 
 /// `(rows with a smaller score) / (scored rows - 1)` of each row of
@@ -203,6 +253,47 @@ mod tests {
         Shaping::new(shape, floor, cap, 0.0)
             .unwrap()
             .weights(scores)
+    }
+
+    #[test]
+    fn many_scores_come_in_the_order_a_comparison_sort_gives() {
+        // every kind of float, repeated, past the size sorted by bits
+        let kinds = [
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            1e-310,
+            -1e-310,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::MAX,
+            f64::MIN,
+            0.5,
+            2.5e10,
+            f64::NAN,
+        ];
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        let scores: Vec<f64> = (0..200_000)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                match i % 3 {
+                    0 => kinds[(x % kinds.len() as u64) as usize],
+                    _ => f64::from_bits(x) % 1e6,
+                }
+            })
+            .collect();
+        let mut want: Vec<(f64, u32)> = (0..)
+            .zip(&scores)
+            .filter(|(_, s)| !s.is_nan())
+            .map(|(i, &s)| (s, i))
+            .collect();
+        want.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let got = scored_in_order(&scores);
+        let bits = |v: &[(f64, u32)]| v.iter().map(|(s, r)| (s.to_bits(), *r)).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want));
     }
 
     fn mean(w: &[f64]) -> f64 {

@@ -166,7 +166,8 @@ fn scored_in_order(scores: &[f64]) -> Vec<(f64, u32)> {
         false => 0.0,
     };
     // -inf first, +inf last, a finite score by its place in [low, high]
-    // (an infinite `scale`, from a span past f64::MAX, is monotone too)
+    // (a span past f64::MAX makes `scale` 0, a subnormal span infinite:
+    // the map stays monotone, only coarser)
     let bucket = |s: f64| match s {
         f64::NEG_INFINITY => 0,
         f64::INFINITY => last,

@@ -60,15 +60,19 @@ impl Sealed {
     fn fold(&mut self, alpha: f64, epoch: u64, loss: f64, rows: u64) {
         if self.epochs == 0 {
             self.first_epoch = epoch;
-            self.ema = loss;
-        } else {
-            self.ema = alpha * loss + (1.0 - alpha) * self.ema;
         }
+        self.ema = next_ema(alpha, (self.epochs > 0).then_some(self.ema), loss);
         self.epochs += 1;
         self.last_epoch = epoch;
         self.last_loss = loss;
         self.count += rows;
     }
+}
+
+/// The moving average after one more epoch's mean `loss`: the loss itself
+/// for a sample's first epoch (`previous` None).
+fn next_ema(alpha: f64, previous: Option<f64>, loss: f64) -> f64 {
+    previous.map_or(loss, |ema| alpha * loss + (1.0 - alpha) * ema)
 }
 
 /// Positions below this are kept in a bit set, others in a hash set.
@@ -351,11 +355,9 @@ impl ScoreState {
             for (ema, (&rows, &sum)) in emas.iter_mut().zip(open.rows.iter().zip(&open.sum)) {
                 if rows > 0 {
                     // losses are finite: NaN is only "not scored"
-                    let loss = sum / f64::from(rows);
-                    *ema = match ema.is_nan() {
-                        true => loss,
-                        false => self.alpha * loss + (1.0 - self.alpha) * *ema,
-                    };
+                    // losses are finite: NaN is only "not scored"
+                    let previous = (!ema.is_nan()).then_some(*ema);
+                    *ema = next_ema(self.alpha, previous, sum / f64::from(rows));
                 }
             }
         }

@@ -334,12 +334,7 @@ impl PyBatch {
     #[pyo3(signature = (header, end, rows=None))]
     fn first_unlike(&self, header: &[u8], end: usize, rows: Option<usize>) -> Option<usize> {
         let data = self.batch.column(DATA).as_binary_view();
-        match rows {
-            Some(rows) if rows < data.len() => {
-                records::first_unlike(&data.slice(0, rows), header, end)
-            }
-            _ => records::first_unlike(data, header, end),
-        }
+        records::first_unlike(data, header, end, rows.unwrap_or(usize::MAX))
     }
 
     /// Row `row`'s typed-record layout, its header read whole however long:

@@ -267,11 +267,18 @@ fn field(
     })
 }
 
-/// The first row of `data` whose payload does not begin with `header` or
-/// is shorter than `end` bytes; `None` when every row's does and is (rows
-/// alike share row 0's header, and so its layout).
-pub fn first_unlike(data: &BinaryViewArray, header: &[u8], end: usize) -> Option<usize> {
-    (0..data.len()).find(|&i| {
+/// The first of the first `rows` rows of `data` (all of them when there are
+/// fewer) whose payload does not begin with `header` or is shorter than
+/// `end` bytes; `None` when every such row's does and is (rows alike share
+/// row 0's header, and so its layout). No slice of `data` (a slice copies
+/// its list of buffers): a batch's row 0 is checked this way once per batch.
+pub fn first_unlike(
+    data: &BinaryViewArray,
+    header: &[u8],
+    end: usize,
+    rows: usize,
+) -> Option<usize> {
+    (0..data.len().min(rows)).find(|&i| {
         let value = data.value(i);
         value.len() < end || !value.starts_with(header)
     })

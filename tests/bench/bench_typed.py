@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import pickle
+import resource
 import statistics
 import tempfile
 import time
@@ -115,13 +116,22 @@ def main() -> None:
         rounds: dict[str, list[float]] = {
             k: [] for k in ("memcpy", "copy_", "typed", "memcpy, out", "typed, out", "pickle")
         }
+        paths = {
+            "memcpy": memcpy,
+            "copy_": torch_copy,
+            "memcpy, out": memcpy_out,
+            "typed, out": typed_out,
+            "typed": typed_path,
+            "pickle": pickle_path,
+        }
+        # page faults per batch: memory the allocator hands out untouched
+        faults = dict.fromkeys(rounds, 0)
         for _ in range(5):  # alternate, so drift hits all alike
-            rounds["memcpy"] += best_of(memcpy, args.repeat)
-            rounds["copy_"] += best_of(torch_copy, args.repeat)
-            rounds["memcpy, out"] += best_of(memcpy_out, args.repeat)
-            rounds["typed, out"] += best_of(typed_out, args.repeat)
-            rounds["typed"] += best_of(typed_path, args.repeat)
-            rounds["pickle"] += best_of(pickle_path, max(1, args.repeat // 10))
+            for k, fn in paths.items():
+                repeat = args.repeat if k != "pickle" else max(1, args.repeat // 10)
+                before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                rounds[k] += best_of(fn, repeat)
+                faults[k] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     med = {k: statistics.median(v) for k, v in rounds.items()}
     low = {k: min(v) for k, v in rounds.items()}
     print(
@@ -130,7 +140,7 @@ def main() -> None:
     for k in rounds:
         print(
             f"  {k:11s} median {med[k] * 1e6:8.1f} us  best {low[k] * 1e6:8.1f} us  "
-            f"{nbytes / med[k] / 2**30:6.2f} GiB/s"
+            f"{nbytes / med[k] / 2**30:6.2f} GiB/s  {faults[k] / len(rounds[k]):7.1f} faults"
         )
     print(f"typed / memcpy bandwidth: {med['memcpy'] / med['typed']:.2f}x (target >= 0.9)")
     out = med["memcpy, out"] / med["typed, out"]

@@ -274,7 +274,9 @@ def test_a_reused_buffer_is_filled_in_place_and_a_wrong_one_refused(tmp_path):
         batch.tensor("image", out=read_only)
     for wrong in (
         torch.zeros((8, 3, 8, 8), dtype=torch.int16),
+        torch.zeros((7, 3, 8, 8), dtype=torch.uint8),
         torch.zeros((8, 3, 8, 16), dtype=torch.uint8)[..., :8],
+        torch.empty((8, 3, 8, 8), dtype=torch.uint8, device="meta"),  # not memory of this CPU
         staging,
     ):
         with pytest.raises(InvalidInputError, match=r"out= for field 'image' must be a contiguous"):

@@ -390,9 +390,9 @@ class Reader:
             if (
                 not isinstance(out, torch.Tensor)
                 or out.dtype != kind
-                or tuple(out.shape) != size
+                or out.shape != size
                 or not out.is_contiguous()
-                or out.device.type != "cpu"
+                or not out.is_cpu
             ):
                 raise InvalidInputError(
                     f"out= for field {name!r} must be a contiguous CPU torch tensor of "

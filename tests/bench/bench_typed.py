@@ -16,6 +16,9 @@ into one torch tensor three ways, alternating, many times each:
   bandwidth alone, without the allocator (a fresh 768 KiB tensor is mapped
   memory whose first touch faults its pages, or not, by the allocator's
   history: the fresh pair's figures move with it);
+- ``gather``: the engine's copy alone (``_native.Batch.gather_into`` into
+  the reused tensor, without the reader or the checks): the ceiling of the
+  typed path, rows copied one by one from wherever their payloads lie;
 - ``pickle``: the same records pickled (the way examples stored them
   before), ``pickle.loads`` + ``torch.from_numpy`` per record and
   ``torch.stack``.
@@ -110,11 +113,21 @@ def main() -> None:
             tbatch._records = None
             tbatch.torch("image", out=staging)
 
+        # the engine's gather alone (no reader, no checks of `out=`): the
+        # ceiling of the typed path, rows copied one by one from where
+        # their payloads lie, against one memcpy of bytes already together
+        native, header = tbatch._native, tbatch._typed().layout().header
+        _, _, offset, row_bytes = tbatch._typed().field("image")
+
+        def gather_alone() -> None:
+            native.gather_into(header, offset, row_bytes, staging.data_ptr(), nbytes, False)
+
         def pickle_path() -> None:
             torch.stack([torch.from_numpy(pickle.loads(p)["image"]) for p in payloads])
 
         rounds: dict[str, list[float]] = {
-            k: [] for k in ("memcpy", "copy_", "typed", "memcpy, out", "typed, out", "pickle")
+            k: []
+            for k in ("memcpy", "copy_", "typed", "memcpy, out", "typed, out", "gather", "pickle")
         }
         paths = {
             "memcpy": memcpy,
@@ -122,6 +135,7 @@ def main() -> None:
             "memcpy, out": memcpy_out,
             "typed, out": typed_out,
             "typed": typed_path,
+            "gather": gather_alone,
             "pickle": pickle_path,
         }
         # page faults per batch: memory the allocator hands out untouched
@@ -145,6 +159,8 @@ def main() -> None:
     print(f"typed / memcpy bandwidth: {med['memcpy'] / med['typed']:.2f}x (target >= 0.9)")
     out = med["memcpy, out"] / med["typed, out"]
     print(f"the same into a reused tensor: {out:.2f}x (target >= 0.9)")
+    gather = med["memcpy, out"] / med["gather"]
+    print(f"the gather alone, its ceiling: {gather:.2f}x")
     print(f"typed / pickle speed:     {med['pickle'] / med['typed']:.1f}x (target >= 5)")
 
 

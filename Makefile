@@ -85,7 +85,8 @@ rust-test:
 # one partition; the whole suite passes so too, these take ~40 s).
 # PYTEST_WORKERS processes run the test files side by side (pytest-xdist, a
 # file to a process: its module fixtures are made once): one process leaves
-# a second core idle most of the time (11.5 min on 2 cores, 1.2 cores busy).
+# a second core idle most of the time (686 s on 2 cores, 1.2 cores busy;
+# 403 s in two processes, the same tree, 2026-12-07).
 PYTEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 py-test: develop

@@ -147,7 +147,14 @@ impl Shaping {
 /// sort took 0.75-0.85 s, release build).
 fn scored_in_order(scores: &[f64]) -> Vec<(f64, u32)> {
     let by_score = |a: &(f64, u32), b: &(f64, u32)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
-    let scored = scores.iter().filter(|s| !s.is_nan()).count();
+    // one pass: how many have a score, and the finite ones' range
+    let (scored, low, high) = scores.iter().filter(|s| !s.is_nan()).fold(
+        (0usize, f64::MAX, f64::MIN),
+        |(n, l, h), &s| match s.is_finite() {
+            true => (n + 1, l.min(s), h.max(s)),
+            false => (n + 1, l, h),
+        },
+    );
     if scored < 1 << 16 {
         let mut items: Vec<(f64, u32)> = (0..)
             .zip(scores)
@@ -157,8 +164,6 @@ fn scored_in_order(scores: &[f64]) -> Vec<(f64, u32)> {
         items.sort_unstable_by(by_score);
         return items;
     }
-    let finite = scores.iter().filter(|s| s.is_finite());
-    let (low, high) = finite.fold((f64::MAX, f64::MIN), |(l, h), &s| (l.min(s), h.max(s)));
     let buckets = (scored / 1024).next_power_of_two();
     let last = buckets - 1;
     let scale = match high > low {
@@ -274,12 +279,9 @@ mod tests {
             2.5e10,
             f64::NAN,
         ];
-        let mut x = 0x2545_f491_4f6c_dd1d_u64;
-        let scores: Vec<f64> = (0..200_000)
+        let scores: Vec<f64> = (0..200_000u64)
             .map(|i| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                let x = crate::sample::rng::mix64(i);
                 match i % 3 {
                     0 => kinds[(x % kinds.len() as u64) as usize],
                     _ => f64::from_bits(x) % 1e6,

@@ -355,7 +355,6 @@ impl ScoreState {
             for (ema, (&rows, &sum)) in emas.iter_mut().zip(open.rows.iter().zip(&open.sum)) {
                 if rows > 0 {
                     // losses are finite: NaN is only "not scored"
-                    // losses are finite: NaN is only "not scored"
                     let previous = (!ema.is_nan()).then_some(*ema);
                     *ema = next_ema(self.alpha, previous, sum / f64::from(rows));
                 }
